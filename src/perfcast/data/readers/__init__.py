@@ -1,0 +1,1 @@
+"""Readers: one module per external source format, each returning a ReadResult."""

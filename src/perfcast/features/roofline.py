@@ -1,0 +1,68 @@
+"""Analytic op times: the roofline for compute ops, alpha-beta for collectives.
+
+An op takes at least ``max(FLOPs / peak, bytes / memory bandwidth)``. GEMMs and
+attention run at the tensor-core peak of their dtype, every other op at the vector
+(non-tensor) fp32 peak. These are bounds at 100% of datasheet peaks: the learned models
+predict the efficiency on top of them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from perfcast.features.collectives import collective_time_s
+from perfcast.features.dtypes import DType
+from perfcast.features.hardware import ClusterSpec, HardwareSpec
+from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_classes, op_flops, op_kinds, op_memory_bytes
+
+MS_PER_S = 1e3
+
+
+def _peaks_flops(kinds: np.ndarray, dtypes: pd.Series, hw: HardwareSpec) -> np.ndarray:
+    """Peak FLOP/s of each row's execution unit."""
+    tensor = np.isin(op_classes(kinds), [OpClass.GEMM.value, OpClass.ATTENTION.value])
+    parsed = dtypes.map(DType.parse)
+    cache: dict[tuple[bool, DType], float] = {}
+    out = np.empty(len(kinds), dtype=float)
+    for i, (is_tensor, dtype) in enumerate(zip(tensor, parsed)):
+        key = (bool(is_tensor), dtype)
+        if key not in cache:
+            tflops = hw.peak_tflops(dtype) if is_tensor else hw.vector_tflops(dtype)
+            cache[key] = tflops * 1e12
+        out[i] = cache[key]
+    return out
+
+
+def roofline_time_s(ops: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
+    """Roofline time of each compute op on ``hw``, seconds (collective rows give NaN).
+
+    ``ops`` needs the op-table columns of its ops; ``flops`` and ``mem_bytes`` are used
+    when present and computed otherwise.
+    """
+    kinds = op_kinds(ops)
+    flops = ops["flops"].to_numpy(dtype=float) if "flops" in ops else op_flops(ops)
+    mem = ops["mem_bytes"].to_numpy(dtype=float) if "mem_bytes" in ops else op_memory_bytes(ops)
+    dtypes = ops["dtype"] if "dtype" in ops else pd.Series(DType.BF16.value, index=ops.index)
+    compute = flops / _peaks_flops(kinds, dtypes, hw)
+    memory = mem / (hw.mem_bw_gbps * 1e9)
+    is_comm = np.isin(kinds, [o.value for o in COLLECTIVE_OPS])
+    return np.where(is_comm, np.nan, np.maximum(compute, memory))
+
+
+def op_time_ms(ops: pd.DataFrame, cluster: ClusterSpec) -> np.ndarray:
+    """Analytic time of every op (compute and collective) on one GPU of ``cluster``, ms."""
+    kinds = op_kinds(ops)
+    compute = roofline_time_s(ops, cluster.gpu)
+    comm = collective_time_s(
+        kinds,
+        ops["bytes"].to_numpy(dtype=float),
+        ops["n_ranks"].to_numpy(dtype=float),
+        ops["ranks_per_node"].to_numpy(dtype=float),
+        intra_bw_gbps=cluster.intra_node_bw_gbps,
+        inter_bw_gbps=cluster.inter_node_bw_gbps,
+        intra_latency_us=cluster.intra_node_latency_us,
+        inter_latency_us=cluster.inter_node_latency_us,
+    )
+    is_comm = np.isin(kinds, [o.value for o in COLLECTIVE_OPS])
+    return np.where(is_comm, comm, compute) * MS_PER_S

@@ -1,0 +1,494 @@
+"""Workload graph: one training step of a (model, layout, cluster) config as a graph of ops.
+
+The graph is a *template* of what one GPU on the busiest pipeline stage executes: a
+dense transformer layer and (for MoE models) a mixture-of-experts layer, each with its
+forward, recomputation and backward ops for one microbatch; the first-stage ops
+(embedding), the last-stage ops (final norm, LM head, loss); the pipeline send/recv of
+one microbatch; and the once-per-step ops (data-parallel gradient sync, optimizer).
+``WorkloadGraph`` records how often each scope repeats, so a step is the template
+expanded: every op is still one row with its shapes, FLOPs, bytes and dependencies.
+
+Layout conventions follow Megatron-LM:
+
+* Rank order is tp, cp, dp, pp (tp fastest), so a group with rank stride ``s`` and size
+  ``n`` has ``min(n, gpus_per_node // s)`` ranks inside one node.
+* Tensor parallelism splits heads and FFN columns; each layer does one collective after
+  attention and one after the MLP in forward, and their conjugates in backward:
+  all-reduce, or with sequence parallelism an all-gather before and a reduce-scatter
+  after each block (norms and residual adds then work on ``tokens/tp`` rows).
+* Context parallelism splits the sequence; ring attention exchanges K and V with the
+  other ``cp - 1`` ranks (an all-gather-sized transfer) in forward and twice that in
+  backward (K, V and their gradients).
+* Expert parallelism places ``num_experts/ep`` experts per rank; tokens travel by
+  all-to-all before and after the experts, in both passes. Routing is assumed balanced.
+* Data-parallel gradients are synchronised over the ``dp*cp`` ranks (expert weights over
+  ``dp*cp/ep``): an all-reduce with ZeRO 0, a reduce-scatter plus a parameter
+  all-gather with ZeRO 1-2; ZeRO 3 also gathers every layer's weights in forward and
+  backward. Gradients travel in 16 bits (32 for fp32 runs).
+* LoRA adds rank-``r`` adapters to the attention projections (QKV and output); the base
+  weights get no weight-gradient GEMMs, no gradient sync and no optimizer state.
+* Recomputation ``full`` replays the layer's forward ops (collectives included) before
+  its backward; ``selective`` replays the attention core.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfcast.features.dtypes import DType
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import Activation, ModelSpec, NormType
+from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType, op_flops, op_memory_bytes
+from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size
+
+
+class Scope:
+    """Where a graph node repeats (the ``scope`` column)."""
+
+    LAYER = "layer"  # once per dense layer on the stage, per microbatch
+    MOE_LAYER = "moe_layer"  # once per MoE layer on the stage, per microbatch
+    FIRST_STAGE = "first_stage"  # on pipeline stage 0, per microbatch
+    LAST_STAGE = "last_stage"  # on the last pipeline stage, per microbatch
+    STAGE = "stage"  # on every stage, per microbatch (pipeline transfers)
+    STEP = "step"  # once per training step
+
+
+class Phase:
+    """When a node runs (the ``phase`` column)."""
+
+    FORWARD = "fwd"
+    RECOMPUTE = "recompute"
+    BACKWARD = "bwd"
+    STEP = "step"
+
+
+class Group:
+    """Which process group a collective runs in (the ``group`` column)."""
+
+    TP = "tp"
+    CP = "cp"
+    EP = "ep"
+    PP = "pp"
+    DP = "dp"
+    EXPERT_DP = "edp"
+    EMBEDDING = "emb"
+
+
+NODE_COLUMNS = (
+    "node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat",
+    "op", "batch", "m", "n", "k", "rows", "cols", "scalar",
+    "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "backward",
+    "bytes", "n_ranks", "ranks_per_node", "dtype",
+)
+SHAPE_COLUMNS = (
+    "op", "batch", "m", "n", "k", "rows", "cols", "scalar", "heads", "kv_heads",
+    "seq_q", "seq_kv", "head_dim", "causal", "backward", "bytes", "n_ranks", "ranks_per_node", "dtype",
+)
+_CONJUGATE = {
+    OpType.ALLGATHER: OpType.REDUCESCATTER,
+    OpType.REDUCESCATTER: OpType.ALLGATHER,
+    OpType.ALLREDUCE: OpType.ALLREDUCE,
+    OpType.ALLTOALL: OpType.ALLTOALL,
+    OpType.SENDRECV: OpType.SENDRECV,
+}
+
+
+@dataclass(frozen=True)
+class WorkloadGraph:
+    """The op graph of one training step (see the module docstring).
+
+    Attributes:
+        nodes: one row per op, columns ``NODE_COLUMNS`` plus ``flops`` and ``mem_bytes``
+            (bytes moved to and from device memory).
+        edges: ``src``, ``dst`` node ids: ``dst`` starts after ``src`` ends.
+        dense_layers_per_stage, moe_layers_per_stage: layers on the busiest stage.
+        num_microbatches, pp, vpp: the pipeline schedule's parameters.
+    """
+
+    nodes: pd.DataFrame
+    edges: pd.DataFrame
+    dense_layers_per_stage: int
+    moe_layers_per_stage: int
+    num_microbatches: int
+    pp: int
+    vpp: int
+
+    def scope_multiplicity(self) -> dict[str, int]:
+        """Executions of each scope per microbatch on one stage (step scope: per step)."""
+        return {
+            Scope.LAYER: self.dense_layers_per_stage,
+            Scope.MOE_LAYER: self.moe_layers_per_stage,
+            Scope.FIRST_STAGE: 1,
+            Scope.LAST_STAGE: 1,
+            Scope.STAGE: 1,
+            Scope.STEP: 1,
+        }
+
+    def unique_ops(self) -> tuple[pd.DataFrame, np.ndarray]:
+        """Distinct ops (identical shapes predicted once) and each node's row in them."""
+        keys = self.nodes.loc[:, list(SHAPE_COLUMNS)].astype(str).agg("|".join, axis=1)
+        codes, uniques = pd.factorize(keys)
+        first = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
+        ops = self.nodes.iloc[first].loc[:, list(SHAPE_COLUMNS) + ["flops", "mem_bytes"]]
+        return ops.reset_index(drop=True), codes
+
+    def total_flops(self) -> float:
+        """FLOPs executed by one GPU of the busiest stage in one step."""
+        mult = self.nodes["scope"].map(self.scope_multiplicity()).to_numpy(dtype=float)
+        per_mb = self.nodes["scope"].ne(Scope.STEP).to_numpy()
+        steps = np.where(per_mb, self.num_microbatches, 1.0)
+        return float((self.nodes["flops"] * self.nodes["repeat"] * mult * steps).sum())
+
+
+def group_ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
+    """Ranks of a process group (rank stride ``stride``, ``size`` ranks) inside one node."""
+    if size <= 1:
+        return 1
+    return max(1, min(size, gpus_per_node // max(stride, 1)))
+
+
+class _Builder:
+    """Appends nodes in execution order and chains them with edges."""
+
+    def __init__(self, dtype: DType) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.edges: list[tuple[int, int]] = []
+        self.dtype = dtype
+        self.vector_dtype = DType.BF16 if dtype is DType.FP8 else (DType.FP32 if dtype is DType.TF32 else dtype)
+        self.last: int | None = None
+
+    def add(self, name: str, scope: str, phase: str, op: OpType, *, chain: bool = True, **fields: Any) -> int:
+        node = len(self.rows)
+        stream = "comm" if op in COLLECTIVE_OPS else "compute"
+        dtype = self.dtype if (op in GEMM_OPS or op is OpType.ATTENTION) else self.vector_dtype
+        row: dict[str, Any] = {
+            "node": node, "name": name, "scope": scope, "phase": phase, "stream": stream,
+            "group": fields.pop("group", ""), "overlap_with": fields.pop("overlap_with", -1),
+            "repeat": fields.pop("repeat", 1), "op": op.value, "dtype": dtype.value,
+            "backward": fields.pop("backward", False),
+        }
+        row.update(fields)
+        self.rows.append(row)
+        if chain and self.last is not None:
+            self.edges.append((self.last, node))
+        if chain:
+            self.last = node
+        return node
+
+    def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        nodes = pd.DataFrame(self.rows).reindex(columns=list(NODE_COLUMNS))
+        int_cols = ["batch", "m", "n", "k", "rows", "cols", "heads", "kv_heads", "seq_q", "seq_kv",
+                    "head_dim", "bytes", "n_ranks", "ranks_per_node"]
+        nodes[int_cols] = nodes[int_cols].fillna(0).astype("int64")
+        nodes[["scalar", "causal", "backward"]] = nodes[["scalar", "causal", "backward"]].fillna(False).astype(bool)
+        nodes["flops"] = op_flops(nodes)
+        nodes["mem_bytes"] = op_memory_bytes(nodes)
+        edges = pd.DataFrame(self.edges, columns=["src", "dst"], dtype="int64")
+        return nodes, edges
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """Per-rank tensor sizes of one microbatch."""
+
+    tokens: int  # tokens per rank per microbatch (micro_batch * seq_len / cp)
+    hidden: int  # model width
+    vec_rows: int  # rows of norms and residual adds (tokens / tp with sequence parallelism)
+    act_bytes: int  # bytes per activation element
+    tp: int
+    sp: bool
+    tp_rpn: int
+
+
+def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> WorkloadGraph:
+    """Expand a config into the op graph of one training step.
+
+    Raises:
+        SpecError: the layout does not fit the model or cluster (see ``check_layout``).
+    """
+    check_layout(model, parallel, cluster)
+    p, g = parallel, cluster.gpus_per_node
+    sp = p.sequence_parallel and p.tp > 1
+    tokens = p.micro_batch * model.seq_len // p.cp
+    ctx = _Ctx(
+        tokens=tokens,
+        hidden=model.hidden_size,
+        vec_rows=tokens // p.tp if sp else tokens,
+        act_bytes=max(p.dtype.bytes_per_element, 2),
+        tp=p.tp,
+        sp=sp,
+        tp_rpn=group_ranks_per_node(1, p.tp, g),
+    )
+    b = _Builder(p.dtype)
+
+    moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
+    dense_layers = model.num_layers // p.pp - moe_layers
+    _add_embedding_forward(b, model, p, ctx)
+    dense_fwd = _add_layer_forward(b, model, p, ctx, g, moe=False) if dense_layers else []
+    moe_fwd = _add_layer_forward(b, model, p, ctx, g, moe=True) if moe_layers else []
+    head_fwd = _add_head_forward(b, model, p, ctx)
+    _add_pipeline_transfer(b, p, ctx, g, Phase.FORWARD)
+    _add_backward(b, head_fwd, p)
+    for fwd in (moe_fwd, dense_fwd):
+        if fwd:
+            _add_recompute(b, fwd, p)
+            _add_backward(b, fwd, p)
+    _add_pipeline_transfer(b, p, ctx, g, Phase.BACKWARD)
+    _add_embedding_backward(b, model, p, ctx)
+    _add_step_ops(b, model, p, cluster)
+
+    nodes, edges = b.frame()
+    return WorkloadGraph(
+        nodes=nodes,
+        edges=edges,
+        dense_layers_per_stage=dense_layers,
+        moe_layers_per_stage=moe_layers,
+        num_microbatches=p.num_microbatches,
+        pp=p.pp,
+        vpp=p.vpp,
+    )
+
+
+def _norm_op(model: ModelSpec) -> OpType:
+    return OpType.RMSNORM if model.norm is NormType.RMSNORM else OpType.LAYERNORM
+
+
+def _activation_op(model: ModelSpec) -> OpType:
+    return {Activation.GELU: OpType.GELU, Activation.SILU: OpType.SILU, Activation.RELU: OpType.RELU}[model.activation]
+
+
+def _gemm_op(model: ModelSpec, batch: int = 1) -> OpType:
+    if batch > 1:
+        return OpType.BMM
+    return OpType.LINEAR if model.bias else OpType.MATMUL
+
+
+def _tp_collective(b: _Builder, name: str, scope: str, ctx: _Ctx, op: OpType) -> None:
+    if ctx.tp > 1:
+        b.add(name, scope, Phase.FORWARD, op, group=Group.TP, bytes=ctx.tokens * ctx.hidden * ctx.act_bytes,
+              n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
+
+
+def _add_embedding_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
+    b.add("embedding", Scope.FIRST_STAGE, Phase.FORWARD, OpType.EMBEDDING, rows=ctx.tokens, cols=model.hidden_size)
+    _tp_collective(b, "embedding.tp", Scope.FIRST_STAGE, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
+
+
+def _add_layer_forward(
+    b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gpus_per_node: int, *, moe: bool
+) -> list[int]:
+    """Forward ops of one layer; returns their node ids in order."""
+    scope = Scope.MOE_LAYER if moe else Scope.LAYER
+    h, t, tp = model.hidden_size, ctx.tokens, p.tp
+    heads, kv = model.num_heads // tp, max(1, model.kv_heads // tp)
+    hd = model.head_size
+    first = len(b.rows)
+    gemm = _gemm_op(model)
+
+    b.add("attn.norm", scope, Phase.FORWARD, _norm_op(model), rows=ctx.vec_rows, cols=h)
+    if ctx.sp:
+        _tp_collective(b, "attn.tp_gather", scope, ctx, OpType.ALLGATHER)
+    if p.zero_stage == 3 and p.dp * p.cp > 1:
+        layer_params = model.attention_params_per_layer + (model.moe_params_per_layer if moe else model.mlp_params_per_layer)
+        b.add("zero3.param_gather", scope, Phase.FORWARD, OpType.ALLGATHER, group=Group.DP,
+              bytes=layer_params // tp * _grad_bytes(p), n_ranks=p.dp * p.cp,
+              ranks_per_node=group_ranks_per_node(tp, p.dp * p.cp, gpus_per_node))
+    qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
+    if p.finetune is Finetune.LORA:
+        _add_lora(b, scope, "attn.qkv", t, h, (heads + 2 * kv) * hd, p.lora_rank)
+    attn_id = len(b.rows) + (1 if p.cp > 1 else 0)
+    if p.cp > 1:
+        kv_bytes = 2 * p.micro_batch * (model.seq_len // p.cp) * kv * hd * ctx.act_bytes
+        b.add("attn.cp_exchange", scope, Phase.FORWARD, OpType.ALLGATHER, chain=False, group=Group.CP,
+              overlap_with=attn_id, bytes=kv_bytes * p.cp, n_ranks=p.cp,
+              ranks_per_node=group_ranks_per_node(tp, p.cp, gpus_per_node))
+        b.edges.append((qkv, len(b.rows) - 1))
+        b.edges.append((len(b.rows) - 1, attn_id))
+    b.add("attn.core", scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=heads, kv_heads=kv,
+          seq_q=model.seq_len // p.cp, seq_kv=model.seq_len, head_dim=hd, causal=True)
+    b.add("attn.out", scope, Phase.FORWARD, gemm, batch=1, m=t, k=heads * hd, n=h)
+    if p.finetune is Finetune.LORA:
+        _add_lora(b, scope, "attn.out", t, heads * hd, h, p.lora_rank)
+    _tp_collective(b, "attn.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
+    b.add("attn.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
+    b.add("mlp.norm", scope, Phase.FORWARD, _norm_op(model), rows=ctx.vec_rows, cols=h)
+    if ctx.sp:
+        _tp_collective(b, "mlp.tp_gather", scope, ctx, OpType.ALLGATHER)
+    if moe:
+        _add_experts(b, model, p, ctx, gpus_per_node)
+    else:
+        f = model.ffn_size // tp
+        b.add("mlp.up", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=f * (2 if model.gated_mlp else 1))
+        b.add("mlp.act", scope, Phase.FORWARD, _activation_op(model), rows=t, cols=f)
+        if model.gated_mlp:
+            b.add("mlp.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=t, cols=f)
+        b.add("mlp.down", scope, Phase.FORWARD, gemm, batch=1, m=t, k=f, n=h)
+    _tp_collective(b, "mlp.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
+    b.add("mlp.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
+    return list(range(first, len(b.rows)))
+
+
+def _add_lora(b: _Builder, scope: str, base: str, tokens: int, d_in: int, d_out: int, rank: int) -> None:
+    b.add(f"{base}.lora_a", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=tokens, k=d_in, n=rank)
+    b.add(f"{base}.lora_b", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=tokens, k=rank, n=d_out)
+
+
+def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gpus_per_node: int) -> None:
+    scope, h, t = Scope.MOE_LAYER, model.hidden_size, ctx.tokens
+    local = model.num_experts // p.ep
+    routed = t * model.top_k  # token copies this rank processes after dispatch (balanced routing)
+    per_expert = -(-routed // local)
+    f = model.expert_ffn_size // p.tp
+    ep_rpn = group_ranks_per_node(p.tp * p.cp, p.ep, gpus_per_node)
+    b.add("moe.router", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=model.num_experts)
+    b.add("moe.router_softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=model.num_experts)
+    if p.ep > 1:
+        b.add("moe.dispatch", scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP,
+              bytes=routed * h * ctx.act_bytes, n_ranks=p.ep, ranks_per_node=ep_rpn)
+    gemm = _gemm_op(model, local)
+    b.add("moe.up", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=h, n=f * (2 if model.gated_mlp else 1))
+    b.add("moe.act", scope, Phase.FORWARD, _activation_op(model), rows=routed, cols=f)
+    if model.gated_mlp:
+        b.add("moe.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=routed, cols=f)
+    b.add("moe.down", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=f, n=h)
+    if p.ep > 1:
+        b.add("moe.combine", scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP,
+              bytes=routed * h * ctx.act_bytes, n_ranks=p.ep, ranks_per_node=ep_rpn)
+
+
+def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> list[int]:
+    first = len(b.rows)
+    scope, h, t = Scope.LAST_STAGE, model.hidden_size, ctx.tokens
+    vocab = padded_vocab_size(model, p.tp) // p.tp
+    b.add("head.norm", scope, Phase.FORWARD, _norm_op(model), rows=ctx.vec_rows, cols=h)
+    if ctx.sp:
+        _tp_collective(b, "head.tp_gather", scope, ctx, OpType.ALLGATHER)
+    b.add("head.logits", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=vocab)
+    b.add("head.loss", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=vocab)
+    return list(range(first, len(b.rows)))
+
+
+def _add_pipeline_transfer(b: _Builder, p: ParallelConfig, ctx: _Ctx, gpus_per_node: int, phase: str) -> None:
+    if p.pp == 1:
+        return
+    same_node = p.tp * p.cp * p.dp < gpus_per_node
+    b.add(f"pp.{phase}_send", Scope.STAGE, phase, OpType.SENDRECV, group=Group.PP, repeat=p.vpp,
+          bytes=ctx.vec_rows * ctx.hidden * ctx.act_bytes, n_ranks=2, ranks_per_node=2 if same_node else 1)
+
+
+def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
+    """Append the backward ops of ``fwd_ids`` in reverse order."""
+    bwd_of: dict[int, int] = {}
+    for node in reversed(fwd_ids):
+        row = b.rows[node]
+        op = OpType(row["op"])
+        name, scope = row["name"], row["scope"]
+        bwd_of[node] = len(b.rows)
+        if op in GEMM_OPS:
+            batch, m, n, k = row["batch"], row["m"], row["n"], row["k"]
+            plain = OpType.BMM if batch > 1 else OpType.MATMUL
+            b.add(f"{name}.dgrad", scope, Phase.BACKWARD, plain, batch=batch, m=m, n=k, k=n)
+            frozen = p.finetune is Finetune.LORA and ".lora_" not in name
+            if not frozen:
+                b.add(f"{name}.wgrad", scope, Phase.BACKWARD, plain, batch=batch, m=k, n=n, k=m)
+        elif op in COLLECTIVE_OPS:
+            comm = {k: row[k] for k in ("group", "n_ranks", "ranks_per_node")}
+            if row["group"] == Group.CP:  # K/V and their gradients travel beside the attention backward
+                b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, chain=False, bytes=2 * row["bytes"],
+                      overlap_with=bwd_of[row["overlap_with"]], **comm)
+                b.edges.append((b.last, len(b.rows) - 1))
+            elif name == "zero3.param_gather":  # weights are gathered again for the backward
+                b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, bytes=row["bytes"], **comm)
+            else:
+                b.add(f"{name}.bwd", scope, Phase.BACKWARD, _CONJUGATE[op], bytes=row["bytes"], **comm)
+        else:
+            shape = {k: row[k] for k in ("batch", "rows", "cols", "scalar", "heads", "kv_heads", "seq_q",
+                                         "seq_kv", "head_dim", "causal") if k in row}
+            b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, backward=True, **shape)
+
+
+def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
+    if p.recompute is Recompute.NONE:
+        return
+    for node in fwd_ids:
+        row = dict(b.rows[node])
+        if p.recompute is Recompute.SELECTIVE and row["op"] != OpType.ATTENTION.value:
+            continue
+        if row["name"] == "zero3.param_gather" or row["group"] == Group.CP:
+            continue  # weights and K/V of the forward are still at hand
+        fields = {k: v for k, v in row.items() if k not in ("node", "name", "scope", "phase", "stream", "op", "dtype")}
+        fields["overlap_with"] = -1
+        b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, OpType(row["op"]), **fields)
+
+
+def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
+    scope = Scope.FIRST_STAGE
+    if ctx.sp:  # the reduce-scatter after the lookup turns into an all-gather
+        b.add("embedding.tp.bwd", scope, Phase.BACKWARD, OpType.ALLGATHER, group=Group.TP,
+              bytes=ctx.tokens * model.hidden_size * ctx.act_bytes, n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
+    if p.finetune is Finetune.FULL:
+        b.add("embedding.bwd", scope, Phase.BACKWARD, OpType.EMBEDDING, backward=True,
+              rows=ctx.tokens, cols=model.hidden_size)
+
+
+def _grad_bytes(p: ParallelConfig) -> int:
+    return 4 if p.dtype in (DType.FP32, DType.TF32) else 2
+
+
+def trainable_params_per_rank(model: ModelSpec, p: ParallelConfig) -> tuple[int, int]:
+    """(non-expert, expert) trainable parameters one GPU of the busiest stage holds.
+
+    The busiest stage is the first one with the input embedding (also the last when
+    ``pp == 1``); with untied embeddings and ``pp > 1`` the last stage's LM head is
+    usually as large, and the maximum of the two is taken.
+    """
+    if p.finetune is Finetune.LORA:
+        qkv_out = model.head_size * (model.num_heads + 2 * model.kv_heads)
+        per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (model.head_size * model.num_heads
+                                                                                 + model.hidden_size)
+        return per_layer * (model.num_layers // p.pp) // p.tp, 0
+    layers = model.num_layers // p.pp
+    moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
+    dense = (layers - moe_layers) * (model.attention_params_per_layer + model.mlp_params_per_layer
+                                     + model.norm_params_per_layer)
+    moe_shared = moe_layers * (model.attention_params_per_layer + model.norm_params_per_layer)
+    experts = moe_layers * model.moe_params_per_layer
+    vocab_rows = padded_vocab_size(model, p.tp) * model.hidden_size
+    first = model.embedding_params - model.vocab_size * model.hidden_size + vocab_rows
+    last = 0 if model.tied_embeddings and p.pp == 1 else vocab_rows
+    ends = first + last if p.pp == 1 else max(first, last)
+    return (dense + moe_shared + ends) // p.tp, experts // (p.tp * p.ep)
+
+
+def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
+    g = cluster.gpus_per_node
+    dense, expert = trainable_params_per_rank(model, p)
+    gb = _grad_bytes(p)
+    dp_ranks = p.dp * p.cp
+    edp_ranks = dp_ranks // p.ep
+    groups = [(Group.DP, dense, dp_ranks, group_ranks_per_node(p.tp, dp_ranks, g))]
+    if expert:
+        groups.append((Group.EXPERT_DP, expert, edp_ranks, group_ranks_per_node(p.tp * p.ep, edp_ranks, g)))
+    for group, params, ranks, rpn in groups:
+        if ranks <= 1 or params == 0:
+            continue
+        if p.zero_stage == 0:
+            b.add(f"{group}.grad_allreduce", Scope.STEP, Phase.STEP, OpType.ALLREDUCE, group=group,
+                  bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+        else:
+            b.add(f"{group}.grad_reducescatter", Scope.STEP, Phase.STEP, OpType.REDUCESCATTER, group=group,
+                  bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+            if p.zero_stage < 3:
+                b.add(f"{group}.param_allgather", Scope.STEP, Phase.STEP, OpType.ALLGATHER, group=group,
+                      bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+    if model.tied_embeddings and p.pp > 1 and p.finetune is Finetune.FULL:
+        rpn = 2 if p.tp * p.cp * p.dp * (p.pp - 1) < g else 1
+        b.add("embedding.grad_sync", Scope.STEP, Phase.STEP, OpType.ALLREDUCE, group=Group.EMBEDDING,
+              bytes=padded_vocab_size(model, p.tp) // p.tp * model.hidden_size * gb, n_ranks=2, ranks_per_node=rpn)
+    shards = dp_ranks if p.zero_stage >= 1 else 1
+    owned = dense // shards + (expert // max(1, edp_ranks if p.zero_stage >= 1 else 1))
+    b.add("optimizer", Scope.STEP, Phase.STEP, OpType.OPTIMIZER, rows=1, cols=owned)

@@ -1,0 +1,83 @@
+"""The analytic predictor: roofline and alpha-beta op times composed through the schedule.
+
+No learning: op times are physical lower bounds at datasheet peaks
+(:mod:`perfcast.features.roofline`), the step is their composition
+(:mod:`perfcast.features.schedule`). It is the baseline every learned model must beat,
+and the estimate the learned models correct. It gives no interval: its ``*_lo_ms`` and
+``*_hi_ms`` are NaN.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.memory import MemoryBreakdown, peak_memory
+from perfcast.features.parallel import Finetune
+from perfcast.features.roofline import op_time_ms
+from perfcast.features.run_config import RunConfig
+from perfcast.features.schedule import StepBreakdown, compose_step
+from perfcast.features.workload import build_workload_graph
+
+NAME = "analytic"
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """Predicted step of one config: time (ms), its breakdown, memory and derived rates."""
+
+    breakdown: StepBreakdown
+    memory: MemoryBreakdown
+    fits_memory: bool
+    mfu: float
+    tokens_per_s: float
+
+    @property
+    def step_ms(self) -> float:
+        """Predicted time of one training step (one global batch), ms."""
+        return self.breakdown.step_ms
+
+
+def model_flops_per_step(config: RunConfig) -> float:
+    """Model FLOPs of one step (Narayanan et al. convention, no recomputation).
+
+    LoRA computes no weight gradients of the frozen base: ``2 * N_matmul`` fewer FLOPs
+    per token.
+    """
+    per_token = config.model.flops_per_token()
+    if config.parallel.finetune is Finetune.LORA:
+        per_token -= 2.0 * config.model.num_matmul_params
+    return per_token * config.tokens_per_step
+
+
+def predict_step(config: RunConfig, *, overlap_grad_reduce: bool = False) -> StepPrediction:
+    """Analytic step prediction of one checked config."""
+    graph = build_workload_graph(config.model, config.parallel, config.cluster)
+    times = op_time_ms(graph.nodes, config.cluster)
+    breakdown = compose_step(graph, times, overlap_grad_reduce=overlap_grad_reduce)
+    memory = peak_memory(config.model, config.parallel, config.cluster)
+    step_s = breakdown.step_ms / 1e3
+    peak = config.cluster.gpu.peak_tflops(config.parallel.dtype) * 1e12
+    mfu = model_flops_per_step(config) / (step_s * config.cluster.num_gpus * peak)
+    return StepPrediction(
+        breakdown=breakdown,
+        memory=memory,
+        fits_memory=memory.fits(config.cluster.gpu.mem_gib),
+        mfu=mfu,
+        tokens_per_s=config.tokens_per_step / step_s,
+    )
+
+
+def predict_op_times(ops: pd.DataFrame, clusters: list[ClusterSpec]) -> np.ndarray:
+    """Analytic time of each op-table row on its own cluster (row-aligned ``clusters``), ms."""
+    out = np.empty(len(ops), dtype=float)
+    keys = [(c.gpu.id, c.num_gpus, c.gpus_per_node) for c in clusters]
+    groups: dict[tuple[str, int, int], list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    for rows in groups.values():
+        out[rows] = op_time_ms(ops.iloc[rows], clusters[rows[0]])
+    return out

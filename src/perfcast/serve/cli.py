@@ -1,0 +1,173 @@
+"""The ``perfcast`` command line (Typer).
+
+Errors that bad input causes (:class:`~perfcast.errors.PerfcastError`) print one line to
+stderr and exit with code 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from importlib import resources
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
+from perfcast.errors import PerfcastError
+from perfcast.serve.hardware_cmd import hardware_app
+
+EXIT_USER_ERROR = 2
+
+app = typer.Typer(
+    help="perfcast: predict the time of deep-learning operators and distributed training steps.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+predict_app = typer.Typer(help="Batch-predict a run table (steps) or an op table (ops).", no_args_is_help=True)
+models_app = typer.Typer(help="Browse the model presets.", no_args_is_help=True)
+app.add_typer(predict_app, name="predict")
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(models_app, name="models")
+
+_state = {"debug": False}
+_err = Console(stderr=True)
+_out = Console()
+
+
+@app.callback()
+def main(
+    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+) -> None:
+    """perfcast: predict training performance before you run it."""
+    _state["debug"] = debug
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+
+def _example(name: str) -> Path:
+    return Path(str(resources.files("perfcast.examples").joinpath(name)))
+
+
+def _run_guarded(fn: typer.models.CommandFunctionType) -> None:  # type: ignore[name-defined]
+    try:
+        fn()
+    except PerfcastError as exc:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+def _show(df: pd.DataFrame, columns: list[str], title: str, limit: int) -> None:
+    table = Table(title=title, show_lines=False)
+    shown = [c for c in columns if c in df.columns]
+    for col in shown:
+        table.add_column(col, overflow="fold")
+    for _, row in df.head(limit).iterrows():
+        table.add_row(*[_fmt(row[c]) for c in shown])
+    _out.print(table)
+    if len(df) > limit:
+        _out.print(f"... {len(df) - limit} more rows in the output file")
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return ""
+        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
+    return "" if value is None else str(value)
+
+
+def _input(path: Optional[Path], example: str) -> Path:
+    if path is not None:
+        return path
+    default = _example(example)
+    _err.print(f"[dim]no input given: using the packaged example {default}[/dim]")
+    return default
+
+
+@predict_app.command("steps")
+def predict_steps(
+    input_path: Optional[Path] = typer.Argument(None, metavar="IN", help="Run table, CSV or Parquet (default: packaged example)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."),
+    model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline + alpha-beta + schedule)."),
+    breakdown: bool = typer.Option(False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."),
+    show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
+) -> None:
+    """Predict step time, peak memory, MFU and tokens/s of every config in a run table."""
+    from perfcast.serve.batch import predict_steps_table
+
+    def run() -> None:
+        runs = read_table(_input(input_path, "runs.csv"))
+        result = predict_steps_table(runs, model=model, breakdown=breakdown)
+        write_table(result, output)
+        n_bad = int((result[ERROR_COLUMN] != "").sum())
+        if show:
+            cols = ["model", "gpu", "num_gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
+                    "step_ms", "peak_mem_gib", "fits_memory", "mfu", "tokens_per_s", ERROR_COLUMN]
+            _show(result, cols, f"step predictions ({model})", show)
+        _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+
+    _run_guarded(run)
+
+
+@predict_app.command("ops")
+def predict_ops(
+    input_path: Optional[Path] = typer.Argument(None, metavar="IN", help="Op table, CSV or Parquet (default: packaged example)."),
+    output: Path = typer.Option(..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."),
+    model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline, alpha-beta collectives)."),
+    show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
+) -> None:
+    """Predict the time of every op in an op table."""
+    from perfcast.serve.batch import predict_ops_table
+
+    def run() -> None:
+        ops = read_table(_input(input_path, "ops.csv"))
+        result = predict_ops_table(ops, model=model)
+        write_table(result, output)
+        n_bad = int((result[ERROR_COLUMN] != "").sum())
+        if show:
+            cols = ["op", "batch", "m", "n", "k", "rows", "cols", "bytes", "n_ranks", "dtype", "gpu", "pred_ms", ERROR_COLUMN]
+            _show(result, cols, f"op predictions ({model})", show)
+        _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+
+    _run_guarded(run)
+
+
+@models_app.command("list")
+def models_list() -> None:
+    """List the model presets with their parameter counts."""
+    from perfcast.features.model import ModelSpec, list_models
+
+    table = Table(title="model presets")
+    for col in ("id", "layers", "hidden", "heads", "kv heads", "ffn", "experts", "params (B)"):
+        table.add_column(col)
+    for name in list_models():
+        m = ModelSpec.from_name(name)
+        table.add_row(name, str(m.num_layers), str(m.hidden_size), str(m.num_heads), str(m.kv_heads),
+                      str(m.ffn_size), str(m.num_experts), f"{m.num_params / 1e9:.2f}")
+    _out.print(table)
+
+
+@models_app.command("show")
+def models_show(name: str = typer.Argument(..., help="Preset id, or a config.json / spec JSON path.")) -> None:
+    """Print a model spec as JSON, with its parameter count."""
+    from perfcast.features.model import ModelSpec
+
+    def run() -> None:
+        m = ModelSpec.load(name)
+        data = m.model_dump(mode="json")
+        data["num_params"] = m.num_params
+        data["num_active_params"] = m.num_active_params
+        _out.print_json(data=data)
+
+    _run_guarded(run)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -1,0 +1,135 @@
+"""``perfcast hardware``: browse the accelerator catalog.
+
+``list`` prints every catalog entry (table, CSV or JSON); ``show`` prints one entry,
+found by id, alias or device name. Errors from perfcast (an unknown name, a bad format)
+print one line to stderr and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from enum import Enum
+from typing import Any
+
+import typer
+
+from perfcast.errors import PerfcastError
+
+hardware_app = typer.Typer(
+    help="Browse the hardware catalog: accelerator datasheets (dense peaks) and their aliases.",
+    no_args_is_help=True,
+)
+
+# (column header, HardwareSpec attribute) of `list`; figures keep the catalog's units.
+LIST_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("id", "id"),
+    ("name", "name"),
+    ("vendor", "vendor"),
+    ("bf16 TFLOPS", "peak_bf16_tflops"),
+    ("fp32 TFLOPS", "peak_fp32_tflops"),
+    ("mem GiB", "mem_gib"),
+    ("mem GB/s", "mem_bw_gbps"),
+    ("TDP W", "tdp_w"),
+    ("link GB/s", "intra_node_bw_gbps"),
+)
+EXIT_USER_ERROR = 2
+PIPED_WIDTH = 160  # characters of table width when stdout is not a terminal
+
+
+class ListFormat(str, Enum):
+    """Output formats of ``perfcast hardware list``."""
+
+    TABLE = "table"
+    CSV = "csv"
+    JSON = "json"
+
+
+class ShowFormat(str, Enum):
+    """Output formats of ``perfcast hardware show``."""
+
+    TABLE = "table"
+    JSON = "json"
+
+
+def _fail(exc: PerfcastError) -> typer.Exit:
+    """Print one line to stderr and return the exit to raise (code 2)."""
+    typer.echo(f"error: {exc}", err=True)
+    return typer.Exit(code=EXIT_USER_ERROR)
+
+
+def _cell(value: Any) -> str:
+    """Text of a table cell: empty for unknown, no trailing ``.0`` on whole numbers."""
+    if value is None:
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (tuple, list)):
+        return ", ".join(str(v) for v in value)
+    return str(value)
+
+
+def _list_rows() -> list[dict[str, Any]]:
+    from perfcast.features.hardware import list_hardware
+
+    return [{header: getattr(hw, attr) for header, attr in LIST_COLUMNS} for hw in list_hardware()]
+
+
+def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for i, header in enumerate(headers):
+        text_column = i < 3
+        table.add_column(header, no_wrap=i == 0 or not text_column, justify="left" if text_column else "right")
+    for row in rows:
+        table.add_row(*row)
+    console = Console(soft_wrap=False)
+    if not console.is_terminal:  # piped output has no width limit; don't squeeze columns
+        console.width = max(console.width, PIPED_WIDTH)
+    console.print(table)
+
+
+@hardware_app.command("list")
+def list_command(
+    fmt: ListFormat = typer.Option(ListFormat.TABLE, "--format", "-f", help="table, csv or json"),
+) -> None:
+    """List every accelerator of the catalog with its headline figures (link = bidirectional)."""
+    try:
+        rows = _list_rows()
+    except PerfcastError as exc:
+        raise _fail(exc) from None
+    headers = [header for header, _ in LIST_COLUMNS]
+    if fmt is ListFormat.JSON:
+        keys = [attr for _, attr in LIST_COLUMNS]
+        records = [dict(zip(keys, row.values())) for row in rows]
+        typer.echo(json.dumps(records, indent=2))
+    elif fmt is ListFormat.CSV:
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow([attr for _, attr in LIST_COLUMNS])
+        writer.writerows([[_cell(v) for v in row.values()] for row in rows])
+        typer.echo(buf.getvalue(), nl=False)
+    else:
+        _print_table("perfcast hardware catalog", headers, [[_cell(v) for v in row.values()] for row in rows])
+
+
+@hardware_app.command("show")
+def show_command(
+    id_or_name: str = typer.Argument(..., metavar="ID_OR_NAME", help="catalog id, alias or device name"),
+    fmt: ShowFormat = typer.Option(ShowFormat.TABLE, "--format", "-f", help="table or json"),
+) -> None:
+    """Show every field of one catalog entry, found by id, alias or device name."""
+    from perfcast.features.hardware import HardwareSpec
+
+    try:
+        hw = HardwareSpec.from_name(id_or_name)
+    except PerfcastError as exc:
+        raise _fail(exc) from None
+    data = hw.model_dump(mode="json")
+    if fmt is ShowFormat.JSON:
+        typer.echo(json.dumps(data, indent=2, ensure_ascii=False))
+        return
+    _print_table(f"{hw.id}: {hw.name}", ["field", "value"], [[k, _cell(v)] for k, v in data.items()])
