@@ -2,8 +2,11 @@
 
 ``ParallelConfig`` checks the rules that involve only its own fields when it is built;
 ``check_layout`` checks the rules that tie it to a model and a cluster
-(``tp*pp*dp*cp == num_gpus``, ``tp`` divides the heads, ...). Both raise
-:class:`~perfcast.errors.SpecError` with messages that name the fields and values.
+(``tp*pp*dp*cp == num_gpus``, ``tp`` divides the heads, ...). Messages name the fields
+and values. ``check_layout`` raises :class:`~perfcast.errors.SpecError`; building a
+``ParallelConfig`` directly raises :class:`pydantic.ValidationError` (a ``ValueError``,
+as pydantic wraps validator errors), which :func:`~perfcast.features.run_config.parse_run_row`
+turns back into a ``SpecError``.
 """
 
 from __future__ import annotations

@@ -91,6 +91,9 @@ def _validate(cls: type[Any], fields: dict[str, Any], where: str) -> Any:
         return cls.model_validate(fields)
     except ValidationError as exc:
         first = exc.errors()[0]
+        cause = first.get("ctx", {}).get("error")
+        if isinstance(cause, SpecError):  # a cross-field rule: its message already names fields and values
+            raise SpecError(str(cause)) from None
         loc = ".".join(str(x) for x in first["loc"]) or where
         value = first.get("input")
         raise SpecError(f"{loc}={value!r}: {first['msg']}") from None

@@ -184,7 +184,8 @@ class _Builder:
         int_cols = ["batch", "m", "n", "k", "rows", "cols", "heads", "kv_heads", "seq_q", "seq_kv",
                     "head_dim", "bytes", "n_ranks", "ranks_per_node"]
         nodes[int_cols] = nodes[int_cols].fillna(0).astype("int64")
-        nodes[["scalar", "causal", "backward"]] = nodes[["scalar", "causal", "backward"]].fillna(False).astype(bool)
+        flags = ["scalar", "causal", "backward"]
+        nodes[flags] = nodes[flags].astype("boolean").fillna(False).astype(bool)  # all-NaN columns are float
         nodes["flops"] = op_flops(nodes)
         nodes["mem_bytes"] = op_memory_bytes(nodes)
         edges = pd.DataFrame(self.edges, columns=["src", "dst"], dtype="int64")
@@ -233,6 +234,9 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
     head_fwd = _add_head_forward(b, model, p, ctx)
     _add_pipeline_transfer(b, p, ctx, g, Phase.FORWARD)
     _add_backward(b, head_fwd, p)
+    if ctx.tp > 1 and not ctx.sp:  # the LM head's input copy (Megatron's f): identity forward, all-reduce backward
+        b.add("head.tp_copy.bwd", Scope.LAST_STAGE, Phase.BACKWARD, OpType.ALLREDUCE, group=Group.TP,
+              bytes=ctx.tokens * ctx.hidden * ctx.act_bytes, n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
     for fwd in (moe_fwd, dense_fwd):
         if fwd:
             _add_recompute(b, fwd, p)
@@ -308,8 +312,7 @@ def _add_layer_forward(
               ranks_per_node=group_ranks_per_node(tp, p.cp, gpus_per_node))
         b.edges.append((qkv, len(b.rows) - 1))
         b.edges.append((len(b.rows) - 1, attn_id))
-    b.add("attn.core", scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=heads, kv_heads=kv,
-          seq_q=model.seq_len // p.cp, seq_kv=model.seq_len, head_dim=hd, causal=True)
+    _add_attention_core(b, scope, model, p, heads, kv)
     b.add("attn.out", scope, Phase.FORWARD, gemm, batch=1, m=t, k=heads * hd, n=h)
     if p.finetune is Finetune.LORA:
         _add_lora(b, scope, "attn.out", t, heads * hd, h, p.lora_rank)
@@ -330,6 +333,23 @@ def _add_layer_forward(
     _tp_collective(b, "mlp.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
     b.add("mlp.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
     return list(range(first, len(b.rows)))
+
+
+def _add_attention_core(b: _Builder, scope: str, model: ModelSpec, p: ParallelConfig, heads: int, kv: int) -> None:
+    """Scores, softmax and context of one layer: one fused op, or three unfused ones.
+
+    Unfused (``flash_attention=False``), K and V are broadcast to every query head and
+    the full score matrix is computed and normalised in memory, causal mask or not.
+    """
+    s_q, s_kv, hd = model.seq_len // p.cp, model.seq_len, model.head_size
+    if p.flash_attention:
+        b.add("attn.core", scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=heads, kv_heads=kv,
+              seq_q=s_q, seq_kv=s_kv, head_dim=hd, causal=True)
+        return
+    batch = p.micro_batch * heads
+    b.add("attn.core.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=s_kv)
+    b.add("attn.core.softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=batch * s_q, cols=s_kv)
+    b.add("attn.core.context", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=s_kv, n=hd)
 
 
 def _add_lora(b: _Builder, scope: str, base: str, tokens: int, d_in: int, d_out: int, rank: int) -> None:
@@ -392,7 +412,9 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
             batch, m, n, k = row["batch"], row["m"], row["n"], row["k"]
             plain = OpType.BMM if batch > 1 else OpType.MATMUL
             b.add(f"{name}.dgrad", scope, Phase.BACKWARD, plain, batch=batch, m=m, n=k, k=n)
-            frozen = p.finetune is Finetune.LORA and ".lora_" not in name
+            # Under LoRA only the adapters learn; the unfused attention-core GEMMs have no
+            # weights, their second gradient is dK or dV.
+            frozen = p.finetune is Finetune.LORA and ".lora_" not in name and not name.startswith("attn.core")
             if not frozen:
                 b.add(f"{name}.wgrad", scope, Phase.BACKWARD, plain, batch=batch, m=k, n=n, k=m)
         elif op in COLLECTIVE_OPS:
@@ -416,7 +438,7 @@ def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
         return
     for node in fwd_ids:
         row = dict(b.rows[node])
-        if p.recompute is Recompute.SELECTIVE and row["op"] != OpType.ATTENTION.value:
+        if p.recompute is Recompute.SELECTIVE and not row["name"].startswith("attn.core"):
             continue
         if row["name"] == "zero3.param_gather" or row["group"] == Group.CP:
             continue  # weights and K/V of the forward are still at hand

@@ -86,7 +86,7 @@ def predict_steps_table(
             progress(1)
     n_bad = int((out[ERROR_COLUMN] != "").sum())
     if n_bad:
-        logger.warning("%d of %d rows are not valid configs; see the error column", n_bad, len(out))
+        logger.info("%d of %d rows are not valid configs; see the error column", n_bad, len(out))
     if breakdown and extra:
         parts = pd.DataFrame.from_dict(extra, orient="index").reindex(range(len(out)))
         parts.index = out.index
@@ -105,7 +105,7 @@ _OP_SHAPE_FIELDS = {
 def _op_row_cluster(row: pd.Series) -> ClusterSpec:
     """Check one op row and return the cluster it runs on (one GPU, or the collective's group)."""
     op = parse_op(row.get("op"))
-    DType.parse(row.get("dtype", "bf16") if pd.notna(row.get("dtype", "bf16")) else "bf16")
+    dtype = DType.parse(row.get("dtype", "bf16") if pd.notna(row.get("dtype", "bf16")) else "bf16")
     for field in _OP_SHAPE_FIELDS[op_class(op)]:
         value = pd.to_numeric(row.get(field), errors="coerce")
         if not (np.isfinite(value) and value > 0):
@@ -118,7 +118,13 @@ def _op_row_cluster(row: pd.Series) -> ClusterSpec:
         rpn = pd.to_numeric(row.get("ranks_per_node"), errors="coerce")
         rpn = int(rpn) if np.isfinite(rpn) and rpn > 0 else None
         return ClusterSpec.build(str(gpu), n, rpn)
-    return ClusterSpec.build(str(gpu), 1)
+    cluster = ClusterSpec.build(str(gpu), 1)
+    # the catalog may lack the figure this op needs (bf16 on a V100, H100 NVL's empty peaks)
+    if op_class(op) is OpClass.VECTOR:
+        cluster.gpu.vector_tflops(dtype)
+    else:
+        cluster.gpu.peak_tflops(dtype)
+    return cluster
 
 
 def predict_ops_table(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Optional
@@ -22,6 +23,7 @@ from perfcast.errors import PerfcastError
 from perfcast.serve.hardware_cmd import hardware_app
 
 EXIT_USER_ERROR = 2
+ERROR_PREVIEW_CHARS = 48
 
 app = typer.Typer(
     help="perfcast: predict the time of deep-learning operators and distributed training steps.",
@@ -35,8 +37,8 @@ app.add_typer(hardware_app, name="hardware")
 app.add_typer(models_app, name="models")
 
 _state = {"debug": False}
-_err = Console(stderr=True)
-_out = Console()
+_err = Console(stderr=True, soft_wrap=True)
+_out = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @app.callback()
@@ -63,22 +65,62 @@ def _run_guarded(fn: typer.models.CommandFunctionType) -> None:  # type: ignore[
         raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
-def _show(df: pd.DataFrame, columns: list[str], title: str, limit: int) -> None:
-    table = Table(title=title, show_lines=False)
-    shown = [c for c in columns if c in df.columns]
-    for col in shown:
-        table.add_column(col, overflow="fold")
+Column = tuple[str, Callable[[pd.Series], str]]
+
+
+def _show(df: pd.DataFrame, columns: list[Column], title: str, limit: int) -> None:
+    """Print the first ``limit`` rows as a table (the file has every column)."""
+    table = Table(title=title)
+    for header, _ in columns:
+        table.add_column(header, overflow="fold")
     for _, row in df.head(limit).iterrows():
-        table.add_row(*[_fmt(row[c]) for c in shown])
+        table.add_row(*[get(row) for _, get in columns])
     _out.print(table)
     if len(df) > limit:
         _out.print(f"... {len(df) - limit} more rows in the output file")
+
+
+def _field(name: str) -> Callable[[pd.Series], str]:
+    return lambda row: _fmt(row.get(name))
+
+
+def _short_error(row: pd.Series) -> str:
+    text = str(row.get(ERROR_COLUMN) or "")
+    return text if len(text) <= ERROR_PREVIEW_CHARS else text[: ERROR_PREVIEW_CHARS - 1] + "…"
+
+
+def _layout(row: pd.Series) -> str:
+    parts = [f"{k}{_fmt(row.get(k))}" for k in ("tp", "pp", "dp", "cp", "ep") if _fmt(row.get(k)) not in ("", "1")]
+    return " ".join(parts) or "1 GPU"
+
+
+def _model_name(row: pd.Series) -> str:
+    name = _fmt(row.get("model"))
+    return name or f"L{_fmt(row.get('num_layers'))} h{_fmt(row.get('hidden_size'))}"
+
+
+def _op_shape(row: pd.Series) -> str:
+    names = ("batch", "m", "n", "k", "rows", "cols", "heads", "seq_q", "seq_kv", "head_dim", "bytes", "n_ranks")
+    return " ".join(f"{k}={_fmt(row.get(k))}" for k in names if _fmt(row.get(k)))
+
+
+STEP_COLUMNS: list[Column] = [
+    ("model", _model_name), ("gpu", _field("gpu")), ("gpus", _field("num_gpus")), ("layout", _layout),
+    ("step ms", _field("step_ms")), ("mem GiB", _field("peak_mem_gib")), ("fits", _field("fits_memory")),
+    ("MFU", _field("mfu")), ("tokens/s", _field("tokens_per_s")), ("error", _short_error),
+]
+OP_COLUMNS_SHOWN: list[Column] = [
+    ("op", _field("op")), ("shape", _op_shape), ("dtype", _field("dtype")), ("gpu", _field("gpu")),
+    ("pred ms", _field("pred_ms")), ("error", _short_error),
+]
 
 
 def _fmt(value: object) -> str:
     if isinstance(value, float):
         if value != value:  # NaN
             return ""
+        if value.is_integer() and abs(value) < 1e15:
+            return str(int(value))
         return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
     return "" if value is None else str(value)
 
@@ -108,9 +150,7 @@ def predict_steps(
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            cols = ["model", "gpu", "num_gpus", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch",
-                    "step_ms", "peak_mem_gib", "fits_memory", "mfu", "tokens_per_s", ERROR_COLUMN]
-            _show(result, cols, f"step predictions ({model})", show)
+            _show(result, STEP_COLUMNS, f"step predictions ({model})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)
@@ -132,8 +172,7 @@ def predict_ops(
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            cols = ["op", "batch", "m", "n", "k", "rows", "cols", "bytes", "n_ranks", "dtype", "gpu", "pred_ms", ERROR_COLUMN]
-            _show(result, cols, f"op predictions ({model})", show)
+            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({model})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)

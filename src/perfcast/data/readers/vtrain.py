@@ -25,6 +25,10 @@ Values the source does not state, and the choices made for them:
 * ``num_kv_heads = num_heads`` (multi-head attention), ``ffn_hidden_size = 4 * hidden``
   (GPT), ``cp = ep = vpp = 1``, ``sequence_parallel = False``, ``zero_stage = 0``,
   ``finetune = "full"``, ``lora_rank = 0``; the 1F1B schedule is Megatron's default.
+* ``tied_embeddings = True`` (Megatron GPT shares the input embedding with the LM head)
+  and ``flash_attention = False``: Megatron-DeepSpeed's GPT computes attention unfused
+  (QK^T, fused scale-mask-softmax, AV) unless ``--use-flash-attn`` is given, and vTrain's
+  validation configs do not mention it.
 * ``recompute``: ``activation_checkpointing_in_config`` True -> ``"full"``, False ->
   ``"none"``.
 * ``gpus_per_node = min(gpus_per_node_in_config, num_gpus)``: a 2-GPU run on an 8-GPU
@@ -172,6 +176,9 @@ def _rejection_reasons(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.S
     return pd.Series(reasons, index=raw.index, dtype="object")
 
 
+_EXTRA_RUN_COLUMNS = ("tied_embeddings", "flash_attention")
+
+
 def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) -> pd.DataFrame:
     """Build the run-table records from accepted source rows (all fields valid)."""
     n = numeric[list(_INT_COLUMNS)].astype("int64")
@@ -199,6 +206,8 @@ def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) ->
             "finetune": "full",
             "lora_rank": 0,
             "dtype": VTRAIN_DTYPE,
+            "tied_embeddings": True,
+            "flash_attention": False,
             "gpu": VTRAIN_GPU,
             "num_gpus": n["num_gpus"],
             "gpus_per_node": np.minimum(n["gpus_per_node_in_config"], n["num_gpus"]),
@@ -209,5 +218,5 @@ def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) ->
         },
         index=raw.index,
     )
-    ordered = [*RUN_COLUMNS, RUN_MEASURED_COLUMN, *PROVENANCE_COLUMNS]
+    ordered = [*RUN_COLUMNS, *_EXTRA_RUN_COLUMNS, RUN_MEASURED_COLUMN, *PROVENANCE_COLUMNS]
     return out[ordered].reset_index(drop=True)

@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Set up, then run the whole test suite (tests that need ../shared skip when it is absent).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+.venv/bin/python -m pytest -q "$@"

@@ -1,0 +1,134 @@
+"""Tests of peak memory: Korthikanti et al. 2022 activations, ZeRO sharding, fits_memory."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.memory import (
+    GIB,
+    USABLE_MEMORY_FRACTION,
+    MemoryBreakdown,
+    activation_bytes_per_layer,
+    peak_memory,
+)
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import ParallelConfig, padded_vocab_size
+
+# GPT as in the paper: multi-head attention, ffn = 4h, plain (not gated) MLP
+GPT = ModelSpec(num_layers=8, hidden_size=1024, num_heads=16, vocab_size=1000, seq_len=2048)
+S, B, H, A = GPT.seq_len, 2, GPT.hidden_size, GPT.num_heads
+SBH = S * B * H
+
+
+def _act(**fields) -> float:
+    fields.setdefault("global_batch", B)
+    fields.setdefault("flash_attention", False)  # the paper's unfused attention keeps the scores
+    return activation_bytes_per_layer(GPT, ParallelConfig(micro_batch=B, **fields))
+
+
+def test_model_is_the_papers_gpt():
+    assert GPT.ffn_size == 4 * H and not GPT.gated_mlp and GPT.kv_heads == A
+
+
+def test_no_parallelism():
+    assert _act() == pytest.approx(SBH * (34 + 5 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_parallel(t):
+    assert _act(tp=t) == pytest.approx(SBH * (10 + 24 / t + 5 * A * S / (H * t)), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [2, 4, 8])
+def test_tensor_and_sequence_parallel(t):
+    assert _act(tp=t, sequence_parallel=True) == pytest.approx(SBH / t * (34 + 5 * A * S / H), rel=1e-12)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+def test_selective_recompute_drops_the_attention_term(t):
+    assert _act(tp=t, sequence_parallel=t > 1, recompute="selective") == pytest.approx(34 * SBH / t, rel=1e-12)
+    assert _act(tp=4, recompute="selective") == pytest.approx(SBH * (10 + 24 / 4), rel=1e-12)
+
+
+def test_flash_attention_keeps_no_scores():
+    assert _act(tp=4, sequence_parallel=True, flash_attention=True) == pytest.approx(34 * SBH / 4, rel=1e-12)
+
+
+@pytest.mark.parametrize(("t", "sp", "expected"), [(1, False, 2 * SBH), (4, False, 2 * SBH), (4, True, 2 * SBH / 4)])
+def test_full_recompute_keeps_the_layer_input(t, sp, expected):
+    assert _act(tp=t, sequence_parallel=sp, recompute="full") == pytest.approx(expected, rel=1e-12)
+
+
+def test_context_parallel_splits_the_sequence():
+    assert _act(cp=2, flash_attention=True) == pytest.approx(34 * (S // 2) * B * H, rel=1e-12)
+
+
+# ------------------------------------------------------------------ peak memory
+
+
+def _peak(model: ModelSpec, n: int, gpu: str = "h100-sxm5-80gb", **fields) -> MemoryBreakdown:
+    return peak_memory(model, ParallelConfig(**fields), ClusterSpec.build(gpu, n))
+
+
+def test_zero_stages_shard_optimizer_then_gradients_then_weights():
+    llama = ModelSpec.from_name("llama2-7b")
+    z = [_peak(llama, 8, dp=8, global_batch=8, zero_stage=s) for s in range(4)]
+    assert z[1].optimizer_gib == pytest.approx(z[0].optimizer_gib / 8, rel=1e-12)
+    assert z[1].grads_gib == z[0].grads_gib and z[1].weights_gib == z[0].weights_gib
+    assert z[2].grads_gib == pytest.approx(z[0].grads_gib / 8, rel=1e-12)
+    assert z[2].optimizer_gib == z[1].optimizer_gib and z[2].weights_gib == z[0].weights_gib
+    assert z[3].weights_gib == pytest.approx(z[0].weights_gib / 8, rel=1e-12)
+    assert z[3].grads_gib == z[2].grads_gib and z[3].optimizer_gib == z[1].optimizer_gib
+    assert len({m.activations_gib for m in z}) == 1
+    assert z[0].total_gib > z[1].total_gib > z[2].total_gib > z[3].total_gib
+
+
+def test_model_state_bytes_per_parameter():
+    bf16 = _peak(GPT, 1, global_batch=1)
+    assert bf16.grads_gib == pytest.approx(bf16.weights_gib, rel=1e-12)
+    assert bf16.optimizer_gib == pytest.approx(6 * bf16.weights_gib, rel=1e-12)  # 12 vs 2 bytes
+    fp32 = _peak(GPT, 1, global_batch=1, dtype="fp32")
+    assert fp32.weights_gib == pytest.approx(2 * bf16.weights_gib, rel=1e-12)
+    assert fp32.optimizer_gib == pytest.approx(2 * fp32.weights_gib, rel=1e-12)  # 8 vs 4 bytes
+
+
+def test_lora_keeps_states_only_for_the_adapters():
+    llama = ModelSpec.from_name("llama2-7b")
+    full = _peak(llama, 1, global_batch=1)
+    lora = _peak(llama, 1, global_batch=1, finetune="lora", lora_rank=16)
+    assert lora.weights_gib == pytest.approx(full.weights_gib, rel=0.01)
+    assert lora.grads_gib < 0.01 * full.grads_gib and lora.optimizer_gib < 0.01 * full.optimizer_gib
+
+
+def test_activations_count_in_flight_microbatches_and_logits():
+    per_layer = _act(flash_attention=True)
+    one = _peak(GPT, 1, micro_batch=B, global_batch=B)
+    logits = 4.0 * B * S * padded_vocab_size(GPT, 1)
+    assert one.activations_gib * GIB == pytest.approx(GPT.num_layers * per_layer + logits, rel=1e-12)
+    # 1F1B: the first stage holds min(m, pp) microbatches
+    pp = _peak(GPT, 4, pp=4, micro_batch=B, global_batch=8 * B)
+    assert pp.activations_gib * GIB == pytest.approx(GPT.num_layers // 4 * per_layer * 4, rel=1e-12)
+    few = _peak(GPT, 4, pp=4, micro_batch=B, global_batch=2 * B)
+    assert few.activations_gib == pytest.approx(pp.activations_gib / 2, rel=1e-12)
+    # interleaved: times 1 + (pp-1)/(pp*vpp)
+    inter = _peak(GPT, 4, pp=4, vpp=2, micro_batch=B, global_batch=8 * B)
+    assert inter.activations_gib == pytest.approx(pp.activations_gib * (1 + 3 / 8), rel=1e-12)
+
+
+def test_total_and_fits():
+    m = MemoryBreakdown(weights_gib=10, grads_gib=10, optimizer_gib=40, activations_gib=12)
+    assert m.total_gib == 72
+    assert m.fits(72 / USABLE_MEMORY_FRACTION)
+    assert not m.fits(71.9 / USABLE_MEMORY_FRACTION)
+
+
+def test_fits_memory_flips_when_the_model_is_too_large():
+    big = _peak(ModelSpec.from_name("llama2-70b"), 1, global_batch=1)
+    assert big.weights_gib > 80 and not big.fits(80)
+    small = _peak(ModelSpec.from_name("gpt3-125m"), 1, global_batch=1)
+    assert small.fits(80)
+    # sharding the 70B over 64 GPUs with ZeRO-3 and tp=8 brings it back
+    sharded = _peak(ModelSpec.from_name("llama2-70b"), 64, tp=8, dp=8, global_batch=8, zero_stage=3,
+                    sequence_parallel=True, recompute="full")
+    assert sharded.fits(80)

@@ -1,0 +1,94 @@
+"""Tests of run-table rows parsed into checked specs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from perfcast.errors import SpecError, UnknownEntryError
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import Recompute
+from perfcast.features.run_config import parse_run_row
+
+
+def test_preset_with_overrides():
+    cfg = parse_run_row({"model": "llama2-7b", "seq_len": 2048, "tp": 2, "dp": 4, "micro_batch": 2,
+                         "global_batch": 64, "gpu": "NVIDIA H100 80GB HBM3", "recompute": "selective"})
+    base = ModelSpec.from_name("llama2-7b")
+    assert cfg.model.seq_len == 2048 and cfg.model.hidden_size == base.hidden_size
+    assert cfg.model.num_layers == base.num_layers and cfg.model.name == base.name
+    assert (cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.recompute) == (2, 4, Recompute.SELECTIVE)
+    assert cfg.cluster.gpu.id == "h100-sxm5-80gb" and cfg.cluster.num_gpus == 8
+    assert cfg.tokens_per_step == 64 * 2048
+
+
+def test_model_from_fields_and_defaults():
+    cfg = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "dp": 2,
+                         "micro_batch": 3, "gpu": "a100-sxm4-80gb"})
+    assert cfg.model.num_layers == 2 and cfg.model.ffn_size == 1024
+    assert cfg.parallel.global_batch == 6  # dp * micro_batch
+    assert cfg.cluster.num_gpus == 2  # tp*pp*dp*cp
+
+
+def test_empty_cells_count_as_absent():
+    row = {"model": "gpt3-125m", "num_layers": float("nan"), "seq_len": "", "tp": None, "pp": "  ",
+           "dp": 2.0, "sequence_parallel": math.nan, "gpu": "h100", "num_gpus": float("nan"), "inter_node": ""}
+    cfg = parse_run_row(row)
+    base = ModelSpec.from_name("gpt3-125m")
+    assert cfg.model.num_layers == base.num_layers and cfg.model.seq_len == base.seq_len
+    assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp) == (1, 1, 2)
+    assert not cfg.parallel.sequence_parallel and cfg.cluster.num_gpus == 2
+
+
+@pytest.mark.parametrize(("text", "value"), [("true", True), ("1", True), ("Yes", True), ("false", False),
+                                            ("0.0", False), (True, True)])
+def test_boolean_cells(text, value):
+    cfg = parse_run_row({"model": "gpt3-125m", "tp": 2, "sequence_parallel": text, "gpu": "h100"})
+    assert cfg.parallel.sequence_parallel is value
+
+
+def test_inter_node_fabric():
+    cfg = parse_run_row({"model": "gpt3-125m", "dp": 16, "gpu": "h100", "inter_node": "roce-400gbe"})
+    assert cfg.cluster.inter_node_fabric == "roce-400gbe" and cfg.cluster.num_nodes == 2
+
+
+@pytest.mark.parametrize(
+    ("update", "text"),
+    [
+        ({"tp": "abc"}, "tp='abc' is not a whole number"),
+        ({"tp": 1.5}, "tp=1.5 is not a whole number"),
+        ({"sequence_parallel": "maybe"}, "sequence_parallel='maybe' is not a boolean"),
+        ({"recompute": "sometimes"}, "recompute='sometimes'"),
+        ({"tp": 0}, "tp=0"),
+        ({"seq_len": -1}, "seq_len=-1"),
+        ({"dp": 2, "global_batch": 3}, "global_batch=3 is not a multiple of dp*micro_batch=2*1=2"),
+        ({"tp": 3}, "tp=3 does not divide num_heads=32"),
+        ({"tp": 2, "num_gpus": 8}, "tp*pp*dp*cp=2*1*1*1=2 does not equal num_gpus=8"),
+        ({"gpu": ""}, "missing field gpu"),
+        ({"dtype": "int4"}, "dtype='int4'"),
+    ],
+)
+def test_bad_rows_name_field_and_value(update, text):
+    row = {"model": "llama2-7b", "gpu": "h100", **update}
+    with pytest.raises(SpecError) as info:
+        parse_run_row(row)
+    assert text in str(info.value)
+
+
+def test_cross_field_rule_message_is_the_rule_only():
+    with pytest.raises(SpecError) as info:
+        parse_run_row({"model": "llama2-7b", "gpu": "h100", "vpp": 2})
+    assert str(info.value).startswith("vpp=2 needs pp > 1")
+
+
+def test_missing_model_fields_are_listed():
+    with pytest.raises(SpecError, match="missing model fields hidden_size, num_heads, vocab_size"):
+        parse_run_row({"num_layers": 2, "gpu": "h100"})
+
+
+def test_unknown_names():
+    with pytest.raises(UnknownEntryError, match="rtx-9090"):
+        parse_run_row({"model": "gpt3-125m", "gpu": "rtx-9090"})
+    with pytest.raises(UnknownEntryError, match="nope-7b"):
+        parse_run_row({"model": "nope-7b", "gpu": "h100"})

@@ -1,0 +1,135 @@
+"""Tests of the step composer: pipeline bubble, overlap rules, and the breakdown's sum."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import ParallelConfig
+from perfcast.features.roofline import op_time_ms
+from perfcast.features.schedule import StepBreakdown, compose_step, exposed_time_ms
+from perfcast.features.workload import WorkloadGraph, build_workload_graph
+
+GPT = ModelSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+
+
+def _setup(model: ModelSpec = GPT, **fields) -> tuple[WorkloadGraph, ClusterSpec]:
+    fields.setdefault("global_batch", fields.get("dp", 1))
+    p = ParallelConfig(**fields)
+    cluster = ClusterSpec.build("h100-sxm5-80gb", p.world_size)
+    return build_workload_graph(model, p, cluster), cluster
+
+
+def _layer_only_times(g: WorkloadGraph) -> tuple[np.ndarray, float]:
+    """1 ms per layer node, 0 elsewhere; returns the times and one stage's microbatch time."""
+    times = np.where(g.nodes["scope"] == "layer", 1.0, 0.0)
+    stage = times.sum() * g.dense_layers_per_stage
+    return times, stage
+
+
+@pytest.mark.parametrize(("pp", "vpp"), [(4, 1), (4, 2), (2, 1), (2, 4)])
+def test_one_f_one_b_bubble_for_equal_stages(pp, vpp):
+    g, _ = _setup(pp=pp, vpp=vpp, global_batch=8)
+    times, stage = _layer_only_times(g)
+    step = compose_step(g, times)
+    m = g.num_microbatches
+    assert step.bubble_ms == pytest.approx((pp - 1) / vpp * stage, rel=1e-12)
+    assert step.step_ms == pytest.approx(m * stage + (pp - 1) / vpp * stage, rel=1e-12)
+    assert step.compute_ms == pytest.approx(m * stage, rel=1e-12)
+
+
+def test_unequal_stages_take_the_slowest_plus_the_rest_over_v():
+    g, _ = _setup(pp=4, global_batch=8)
+    times, stage = _layer_only_times(g)
+    times[(g.nodes["scope"] == "last_stage").to_numpy()] = 0.5  # LM head on the last stage only
+    head = 0.5 * (g.nodes["scope"] == "last_stage").sum()
+    step = compose_step(g, times)
+    slowest, total = stage + head, 4 * stage + head
+    assert step.step_ms == pytest.approx(8 * slowest + (total - slowest), rel=1e-12)
+
+
+def test_no_bubble_without_pipeline():
+    g, cluster = _setup(global_batch=4)
+    assert compose_step(g, op_time_ms(g.nodes, cluster)).bubble_ms == 0.0
+
+
+def _cp_times(g: WorkloadGraph, exchange_ms: float) -> np.ndarray:
+    times = np.full(len(g.nodes), 0.1)
+    names = g.nodes["name"]
+    times[(names == "attn.core").to_numpy()] = 5.0
+    times[(names == "attn.cp_exchange").to_numpy()] = exchange_ms
+    times[(names == "attn.core.bwd").to_numpy()] = 10.0
+    times[(names == "attn.cp_exchange.bwd").to_numpy()] = 2 * exchange_ms
+    return times
+
+
+def test_comm_shorter_than_its_overlapped_compute_adds_nothing():
+    g, _ = _setup(cp=2, global_batch=1)
+    hidden = compose_step(g, _cp_times(g, 3.0))
+    free = compose_step(g, _cp_times(g, 0.0))
+    assert hidden.step_ms == pytest.approx(free.step_ms, rel=1e-12)
+    assert hidden.comm_ms.get("cp", 0.0) == 0.0
+    exposed = exposed_time_ms(g, _cp_times(g, 3.0))
+    cp_nodes = (g.nodes["group"] == "cp").to_numpy()
+    assert (exposed[cp_nodes] == 0).all()
+
+
+def test_comm_longer_than_its_overlapped_compute_adds_the_excess():
+    g, _ = _setup(cp=2, global_batch=1)
+    slow = compose_step(g, _cp_times(g, 7.0))
+    free = compose_step(g, _cp_times(g, 0.0))
+    excess = (7.0 - 5.0) + (14.0 - 10.0)  # forward and backward exchange, per layer
+    assert slow.step_ms - free.step_ms == pytest.approx(excess * g.dense_layers_per_stage, rel=1e-9)
+    assert slow.comm_ms["cp"] == pytest.approx(excess * g.dense_layers_per_stage, rel=1e-9)
+
+
+def test_tensor_parallel_comm_is_exposed():
+    g, cluster = _setup(tp=2, global_batch=2)
+    times = op_time_ms(g.nodes, cluster)
+    step = compose_step(g, times)
+    tp = (g.nodes["group"] == "tp").to_numpy()
+    mult = g.nodes["scope"].map(g.scope_multiplicity()).to_numpy()
+    assert step.comm_ms["tp"] == pytest.approx(g.num_microbatches * (times * mult)[tp].sum(), rel=1e-12)
+    assert step.comm_ms["tp"] > 0
+
+
+CONFIGS = {
+    "dense": dict(global_batch=4, micro_batch=2),
+    "tp_sp_dp": dict(tp=2, dp=2, sequence_parallel=True, global_batch=4),
+    "pp_vpp": dict(pp=2, vpp=2, dp=2, global_batch=8, recompute="full"),
+    "cp": dict(cp=2, dp=2, global_batch=2),
+    "zero3": dict(dp=4, zero_stage=3, global_batch=8),
+    "moe": dict(dp=4, ep=4, global_batch=4),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_breakdown_parts_sum_to_step(name, overlap):
+    model = GPT
+    if name == "moe":
+        model = GPT.model_copy(update={"num_experts": 4, "top_k": 2})
+    g, cluster = _setup(model, **CONFIGS[name])
+    step = compose_step(g, op_time_ms(g.nodes, cluster), overlap_grad_reduce=overlap)
+    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    assert parts == pytest.approx(step.step_ms, rel=1e-9)
+    assert step.step_ms > 0 and step.optimizer_ms > 0 and step.compute_ms > 0
+    row = step.as_row()
+    assert {"compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms"} <= set(row)
+    assert all(row[f"comm_{k}_ms"] == v for k, v in step.comm_ms.items())
+
+
+def test_overlapping_the_gradient_reduction_never_slows_the_step():
+    g, cluster = _setup(dp=8, global_batch=8)
+    times = op_time_ms(g.nodes, cluster)
+    plain, overlapped = compose_step(g, times), compose_step(g, times, overlap_grad_reduce=True)
+    assert plain.dp_sync_ms > 0
+    assert overlapped.dp_sync_ms <= plain.dp_sync_ms and overlapped.step_ms <= plain.step_ms
+
+
+def test_breakdown_defaults():
+    b = StepBreakdown(step_ms=3.0, compute_ms=1.0, bubble_ms=1.0, dp_sync_ms=0.5, optimizer_ms=0.5)
+    assert b.comm_ms == {} and b.as_row() == {"compute_ms": 1.0, "bubble_ms": 1.0, "dp_sync_ms": 0.5,
+                                              "optimizer_ms": 0.5}

@@ -1,0 +1,402 @@
+"""Tests of the workload graph: FLOPs per step against the analytic count, and the ops and
+collectives each kind of parallelism adds.
+
+FLOPs relation checked here (dense GPT, pp = tp = 1, no recomputation, fused causal
+attention; T tokens per GPU and step, V_pad the vocabulary padded as the graph pads it)::
+
+    graph GEMM FLOPs      = 6 * N_mm(V_pad) * T + bias * T
+    graph attention FLOPs = L * T * (4 * s * h) * 0.5 * (1 + 2.5)          (= 7 * L * s * h * T)
+    model.flops_per_token() * T = 6 * N_mm(V) * T + 12 * L * s * h * T    (full attention, 2x bwd)
+
+hence ``GEMM + attention = flops_per_token * T + 6 * (V_pad - V) * h * T + bias * T
+- 5 * L * s * h * T``, where ``bias`` is the linear-bias FLOPs per token (one add per
+output element of each forward linear).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfcast.errors import SpecError
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import ParallelConfig, padded_vocab_size
+from perfcast.features.workload import (
+    NODE_COLUMNS,
+    SHAPE_COLUMNS,
+    WorkloadGraph,
+    build_workload_graph,
+    group_ranks_per_node,
+    trainable_params_per_rank,
+)
+
+GPT = ModelSpec(name="gpt-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+GEMM_OPS = ("matmul", "linear", "bmm")
+COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
+
+
+def _graph(model: ModelSpec = GPT, **fields) -> WorkloadGraph:
+    fields.setdefault("global_batch", fields.get("dp", 1) * fields.get("micro_batch", 1))
+    p = ParallelConfig(**fields)
+    return build_workload_graph(model, p, ClusterSpec.build("h100-sxm5-80gb", p.world_size))
+
+
+def _weighted_flops(g: WorkloadGraph) -> pd.Series:
+    """FLOPs of each node over one step: flops * repeat * scope multiplicity * microbatches."""
+    n = g.nodes
+    mult = n["scope"].map(g.scope_multiplicity())
+    steps = np.where(n["scope"] == "step", 1, g.num_microbatches)
+    return n["flops"] * n["repeat"] * mult * steps
+
+
+def _flops(g: WorkloadGraph, ops, scope: str | None = None) -> float:
+    mask = g.nodes["op"].isin(ops)
+    if scope is not None:
+        mask &= g.nodes["scope"] == scope
+    return float(_weighted_flops(g)[mask].sum())
+
+
+def _bias_per_token(model: ModelSpec, tp: int) -> int:
+    """Linear-bias FLOPs per token and layer: QKV and MLP-up split over tp, out and down not."""
+    qkv = (model.num_heads + 2 * model.kv_heads) * model.head_size // tp
+    return model.num_layers * (qkv + model.hidden_size + model.ffn_size // tp + model.hidden_size)
+
+
+def _padded_matmul_params(model: ModelSpec, tp: int) -> int:
+    return model.num_matmul_params + (padded_vocab_size(model, tp) - model.vocab_size) * model.hidden_size
+
+
+def _ops(g: WorkloadGraph, **where) -> pd.DataFrame:
+    n = g.nodes
+    mask = np.ones(len(n), dtype=bool)
+    for col, value in where.items():
+        mask &= n[col].isin(value) if isinstance(value, (list, tuple, set)) else n[col] == value
+    return n[mask]
+
+
+# ------------------------------------------------------------------ FLOPs per step
+
+
+def test_total_flops_is_the_weighted_node_sum():
+    g = _graph(global_batch=4, micro_batch=2)
+    assert g.num_microbatches == 2
+    assert g.total_flops() == pytest.approx(_weighted_flops(g).sum(), rel=1e-12)
+
+
+def test_gemm_flops_are_six_n_tokens_plus_bias():
+    g = _graph(global_batch=4, micro_batch=2)
+    tokens = 4 * GPT.seq_len
+    n_mm = _padded_matmul_params(GPT, 1)
+    assert padded_vocab_size(GPT, 1) == 1024  # the padding is exercised
+    expected = 6 * n_mm * tokens + _bias_per_token(GPT, 1) * tokens
+    assert _flops(g, GEMM_OPS) == pytest.approx(expected, rel=1e-12)
+
+
+def test_attention_flops_are_causal_with_two_and_a_half_backward():
+    g = _graph(global_batch=4, micro_batch=2)
+    tokens = 4 * GPT.seq_len
+    expected = GPT.num_layers * tokens * (4 * GPT.seq_len * GPT.hidden_size) * 0.5 * (1 + 2.5)
+    assert _flops(g, ["attention"]) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("model", [GPT, ModelSpec.from_name("gpt3-1.3b")], ids=["gpt-test", "gpt3-1.3b"])
+def test_flops_against_model_flops_per_token(model):
+    g = _graph(model, global_batch=2, micro_batch=1)
+    tokens = 2 * model.seq_len
+    L, s, h, V = model.num_layers, model.seq_len, model.hidden_size, model.vocab_size
+    gemm_attn = _flops(g, GEMM_OPS + ("attention",))
+    exact = (model.flops_per_token() * tokens + 6 * (padded_vocab_size(model, 1) - V) * h * tokens
+             + _bias_per_token(model, 1) * tokens - 5 * L * s * h * tokens)
+    assert gemm_attn == pytest.approx(exact, rel=1e-12)
+    # norms, activations, softmax, residuals and the optimizer are a small rest
+    total = g.total_flops()
+    assert 0 < total - gemm_attn < 0.02 * total
+    # so the whole step is a few % under the full-attention count
+    ratio = total / (model.flops_per_token() * tokens)
+    assert 0.93 < ratio < 1.0
+
+
+def test_tensor_parallelism_halves_the_gemm_flops_per_gpu():
+    tokens = 2 * GPT.seq_len
+    one, two = _graph(global_batch=2), _graph(tp=2, global_batch=2)
+    assert padded_vocab_size(GPT, 2) == padded_vocab_size(GPT, 1)
+    gemm_two = _flops(two, GEMM_OPS)
+    # the row-parallel biases (attention out, MLP down) are added on every rank
+    assert gemm_two == pytest.approx(3 * _padded_matmul_params(GPT, 2) * tokens + _bias_per_token(GPT, 2) * tokens,
+                                     rel=1e-12)
+    assert gemm_two == pytest.approx(_flops(one, GEMM_OPS) / 2, rel=0.01)
+    assert _flops(two, ["attention"]) == pytest.approx(_flops(one, ["attention"]) / 2, rel=1e-12)
+
+
+def test_full_recompute_replays_one_forward():
+    none, full = _graph(global_batch=2), _graph(global_batch=2, recompute="full")
+    layer_fwd = float(_weighted_flops(none)[(none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer")
+                                           & none.nodes["op"].isin(GEMM_OPS)].sum())
+    assert _flops(full, GEMM_OPS, "layer") == pytest.approx(_flops(none, GEMM_OPS, "layer") + layer_fwd, rel=1e-12)
+    assert _flops(full, GEMM_OPS) / _flops(none, GEMM_OPS) == pytest.approx(4 / 3, rel=0.03)
+    recomputed = _ops(full, phase="recompute")
+    assert set(recomputed["name"].str.removesuffix(".recompute")) == set(_ops(none, phase="fwd", scope="layer")["name"])
+
+
+def test_selective_recompute_replays_the_attention_core_only():
+    none, sel = _graph(global_batch=2), _graph(global_batch=2, recompute="selective")
+    assert list(_ops(sel, phase="recompute")["op"]) == ["attention"]
+    assert _flops(sel, ["attention"]) == pytest.approx(_flops(none, ["attention"]) * (1 + 1 / 3.5), rel=1e-12)
+    assert _flops(sel, GEMM_OPS) == _flops(none, GEMM_OPS)
+
+
+def test_data_parallelism_splits_the_tokens():
+    one, four = _graph(global_batch=8), _graph(dp=4, global_batch=8)
+    assert one.num_microbatches == 8 and four.num_microbatches == 2
+    assert _flops(four, GEMM_OPS) == pytest.approx(_flops(one, GEMM_OPS) / 4, rel=1e-12)
+
+
+# ------------------------------------------------------------------ parallelism ops
+
+
+def test_no_parallelism_has_no_collectives():
+    g = _graph()
+    assert not g.nodes["op"].isin(COLLECTIVES).any()
+    assert set(g.nodes["stream"]) == {"compute"}
+
+
+def test_tp_without_sequence_parallelism_all_reduces():
+    g = _graph(tp=2, global_batch=1)
+    tokens, h = GPT.seq_len, GPT.hidden_size
+    layer_comm = _ops(g, scope="layer", stream="comm")
+    assert set(layer_comm["op"]) == {"allreduce"} and set(layer_comm["group"]) == {"tp"}
+    assert (layer_comm["phase"] == "fwd").sum() == 2 and (layer_comm["phase"] == "bwd").sum() == 2
+    assert set(layer_comm["bytes"]) == {tokens * h * 2}
+    assert set(layer_comm["n_ranks"]) == {2} and set(layer_comm["ranks_per_node"]) == {2}
+    # heads and FFN columns are split
+    assert _ops(g, name="attn.core")["heads"].item() == GPT.num_heads // 2
+    assert _ops(g, name="mlp.up")["n"].item() == GPT.ffn_size // 2
+    assert _ops(g, name="attn.norm")["rows"].item() == tokens
+
+
+def test_tp_without_sequence_parallelism_all_reduces_the_head_input_gradient():
+    # Megatron's LM head copies its input to the tp ranks (identity forward, all-reduce backward)
+    g = _graph(tp=2, global_batch=1)
+    head = _ops(g, scope="last_stage", stream="comm")
+    assert list(zip(head["phase"], head["op"], head["group"])) == [("bwd", "allreduce", "tp")]
+    assert head["bytes"].item() == GPT.seq_len * GPT.hidden_size * 2
+
+
+def test_tp_with_sequence_parallelism_gathers_and_scatters():
+    g = _graph(tp=2, sequence_parallel=True, global_batch=1)
+    layer_comm = _ops(g, scope="layer", stream="comm")
+    fwd, bwd = layer_comm[layer_comm["phase"] == "fwd"], layer_comm[layer_comm["phase"] == "bwd"]
+    assert sorted(fwd["op"]) == ["allgather", "allgather", "reducescatter", "reducescatter"]
+    assert sorted(bwd["op"]) == ["allgather", "allgather", "reducescatter", "reducescatter"]
+    assert "allreduce" not in set(g.nodes["op"])
+    assert set(layer_comm["group"]) == {"tp"}
+    # norms and residual adds work on tokens / tp rows
+    for name in ("attn.norm", "attn.residual", "mlp.norm", "mlp.residual"):
+        assert _ops(g, name=name)["rows"].item() == GPT.seq_len // 2
+    assert _ops(g, name="mlp.up")["m"].item() == GPT.seq_len
+
+
+def test_context_parallelism_exchanges_kv_beside_attention():
+    g = _graph(cp=2, global_batch=1)
+    n = g.nodes
+    exch = _ops(g, name="attn.cp_exchange").iloc[0]
+    core = _ops(g, name="attn.core").iloc[0]
+    assert exch["op"] == "allgather" and exch["group"] == "cp" and exch["n_ranks"] == 2
+    assert exch["overlap_with"] == core["node"]
+    s_rank = GPT.seq_len // 2
+    assert exch["bytes"] == 2 * s_rank * GPT.kv_heads * GPT.head_size * 2 * 2  # K and V of every cp rank
+    assert (core["seq_q"], core["seq_kv"]) == (s_rank, GPT.seq_len)
+    qkv = _ops(g, name="attn.qkv")["node"].item()
+    edges = set(zip(g.edges["src"], g.edges["dst"]))
+    assert {(qkv, exch["node"]), (exch["node"], core["node"])} <= edges
+    bwd = _ops(g, name="attn.cp_exchange.bwd").iloc[0]
+    assert bwd["bytes"] == 2 * exch["bytes"] and bwd["group"] == "cp"
+    assert n.loc[bwd["overlap_with"], "name"] == "attn.core.bwd"
+    # K/V are at hand for recomputation: no second exchange
+    full = _graph(cp=2, global_batch=1, recompute="full")
+    assert len(_ops(full, group="cp")) == 2
+
+
+def test_expert_parallelism_all_to_alls_in_the_ep_group():
+    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
+    g = _graph(mixtral, dp=8, ep=4, global_batch=8)
+    assert g.moe_layers_per_stage == 32 and g.dense_layers_per_stage == 0
+    a2a = _ops(g, op="alltoall")
+    assert set(a2a["group"]) == {"ep"} and set(a2a["n_ranks"]) == {4} and set(a2a["scope"]) == {"moe_layer"}
+    assert sorted(a2a["name"]) == ["moe.combine", "moe.combine.bwd", "moe.dispatch", "moe.dispatch.bwd"]
+    assert set(a2a["bytes"]) == {256 * mixtral.top_k * mixtral.hidden_size * 2}
+    up = _ops(g, name="moe.up").iloc[0]
+    assert up["op"] == "bmm" and up["batch"] == mixtral.num_experts // 4
+    assert up["m"] == 256 * mixtral.top_k // 2  # balanced routing: token copies per local expert
+    # expert gradients are synchronised over the dp*cp/ep ranks holding the same experts
+    edp = _ops(g, group="edp")
+    assert list(edp["op"]) == ["allreduce"] and edp["n_ranks"].item() == 2
+    dense, expert = trainable_params_per_rank(mixtral, ParallelConfig(dp=8, ep=4, global_batch=8))
+    assert edp["bytes"].item() == expert * 2
+    assert _ops(g, group="dp")["bytes"].item() == dense * 2
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_pipeline_parallelism_sends_and_receives(vpp):
+    g = _graph(pp=2, vpp=vpp, global_batch=4)
+    assert g.pp == 2 and g.vpp == vpp and g.dense_layers_per_stage == GPT.num_layers // 2
+    sr = _ops(g, op="sendrecv")
+    assert list(sr["phase"]) == ["fwd", "bwd"]
+    assert set(sr["group"]) == {"pp"} and set(sr["scope"]) == {"stage"}
+    assert set(sr["repeat"]) == {vpp} and set(sr["n_ranks"]) == {2}
+    assert set(sr["bytes"]) == {GPT.seq_len * GPT.hidden_size * 2}
+
+
+def test_zero0_all_reduces_gradients():
+    g = _graph(dp=2, global_batch=2)
+    sync = _ops(g, scope="step", stream="comm")
+    assert list(sync["op"]) == ["allreduce"] and sync["group"].item() == "dp" and sync["n_ranks"].item() == 2
+    dense, _ = trainable_params_per_rank(GPT, ParallelConfig(dp=2, global_batch=2))
+    assert sync["bytes"].item() == dense * 2
+    assert _ops(g, op="optimizer")["cols"].item() == dense
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_zero12_reduce_scatters_gradients_and_gathers_parameters(stage):
+    g = _graph(dp=2, global_batch=2, zero_stage=stage)
+    sync = _ops(g, scope="step", stream="comm")
+    assert list(sync["op"]) == ["reducescatter", "allgather"]
+    assert "zero3.param_gather" not in set(g.nodes["name"])
+    dense, _ = trainable_params_per_rank(GPT, ParallelConfig(dp=2, global_batch=2))
+    assert _ops(g, op="optimizer")["cols"].item() == dense // 2
+
+
+def test_zero3_gathers_every_layers_parameters():
+    g = _graph(dp=2, global_batch=2, zero_stage=3)
+    gathers = _ops(g, name=["zero3.param_gather", "zero3.param_gather.bwd"])
+    assert list(gathers["phase"]) == ["fwd", "bwd"] and set(gathers["op"]) == {"allgather"}
+    assert set(gathers["scope"]) == {"layer"} and set(gathers["group"]) == {"dp"}
+    layer = GPT.attention_params_per_layer + GPT.mlp_params_per_layer
+    assert set(gathers["bytes"]) == {layer * 2}
+    assert list(_ops(g, scope="step", stream="comm")["op"]) == ["reducescatter"]
+
+
+def test_tied_embeddings_with_pipeline_sync_the_embedding_gradient():
+    tied = GPT.model_copy(update={"tied_embeddings": True})
+    g = _graph(tied, pp=2, global_batch=2)
+    sync = _ops(g, name="embedding.grad_sync")
+    assert sync["op"].item() == "allreduce" and sync["group"].item() == "emb" and sync["n_ranks"].item() == 2
+    assert sync["bytes"].item() == padded_vocab_size(tied, 1) * tied.hidden_size * 2
+    assert "embedding.grad_sync" not in set(_graph(GPT, pp=2, global_batch=2).nodes["name"])
+    assert "embedding.grad_sync" not in set(_graph(tied, global_batch=2).nodes["name"])
+
+
+def test_lora_trains_only_the_adapters():
+    rank = 8
+    g = _graph(finetune="lora", lora_rank=rank, dp=2, global_batch=2)
+    names = g.nodes["name"]
+    wgrads = names[names.str.endswith(".wgrad")]
+    assert len(wgrads) and wgrads.str.contains(".lora_", regex=False).all()
+    lora_fwd = _ops(g, phase="fwd")["name"]
+    assert sorted(lora_fwd[lora_fwd.str.contains("lora")]) == [
+        "attn.out.lora_a", "attn.out.lora_b", "attn.qkv.lora_a", "attn.qkv.lora_b"]
+    assert "embedding.bwd" not in set(names)
+    h, q = GPT.hidden_size, GPT.num_heads * GPT.head_size
+    qkv_out = (GPT.num_heads + 2 * GPT.kv_heads) * GPT.head_size
+    params = GPT.num_layers * rank * (h + qkv_out + q + h)
+    assert _ops(g, op="optimizer")["cols"].item() == params
+    assert _ops(g, group="dp")["bytes"].item() == params * 2
+
+
+CONFIGS = {
+    "dense": dict(global_batch=2, micro_batch=2),
+    "tp": dict(tp=2, global_batch=1),
+    "tp_sp": dict(tp=2, sequence_parallel=True, global_batch=1, recompute="selective"),
+    "cp": dict(cp=2, tp=2, global_batch=1),
+    "pp_vpp": dict(pp=2, vpp=2, dp=2, global_batch=8),
+    "zero3_full_recompute": dict(dp=4, zero_stage=3, recompute="full", global_batch=4),
+    "lora": dict(finetune="lora", lora_rank=4, tp=2, global_batch=1),
+    "fp8": dict(dtype="fp8", dp=2, global_batch=2),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_graph_invariants(name):
+    g = _graph(**CONFIGS[name])
+    n = g.nodes
+    assert list(n.columns) == [*NODE_COLUMNS, "flops", "mem_bytes"]
+    assert list(n["node"]) == list(range(len(n)))
+    # one optimizer step per step
+    assert (n["op"] == "optimizer").sum() == 1
+    assert _ops(g, op="optimizer")["scope"].item() == "step"
+    # collectives run on the comm stream, in a group, with a message
+    comm = n[n["op"].isin(COLLECTIVES)]
+    assert (comm["stream"] == "comm").all() and (comm["group"] != "").all()
+    assert (comm["bytes"] > 0).all() and (comm["n_ranks"] >= 2).all()
+    assert (n.loc[~n["op"].isin(COLLECTIVES), "stream"] == "compute").all()
+    # overlap targets are compute nodes
+    targets = n.loc[n["overlap_with"] >= 0, "overlap_with"]
+    assert (n.loc[targets, "stream"] == "compute").all()
+    # edges reference nodes and point forward: a DAG
+    e = g.edges
+    assert set(e["src"]) | set(e["dst"]) <= set(n["node"])
+    assert (e["src"] < e["dst"]).all()
+    assert set(e["src"]) | set(e["dst"]) == set(n["node"])  # no isolated node
+    # FLOPs and bytes are there
+    assert (n["flops"] >= 0).all() and (n["mem_bytes"] > 0).all()
+    assert (n.loc[n["op"].isin(GEMM_OPS), "flops"] > 0).all()
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_unique_ops_deduplicate_identical_shapes(name):
+    g = _graph(**CONFIGS[name])
+    ops, codes = g.unique_ops()
+    n = g.nodes
+    assert len(codes) == len(n) and len(ops) < len(n)
+    assert codes.min() == 0 and codes.max() == len(ops) - 1
+    back = ops.iloc[codes].reset_index(drop=True)
+    pd.testing.assert_frame_equal(back[list(SHAPE_COLUMNS)], n[list(SHAPE_COLUMNS)].reset_index(drop=True))
+    np.testing.assert_array_equal(back["flops"].to_numpy(), n["flops"].to_numpy())
+    assert not ops[list(SHAPE_COLUMNS)].astype(str).duplicated().any()
+
+
+def test_unique_ops_merge_the_residual_adds_of_a_layer():
+    g = _graph()
+    _, codes = g.unique_ops()
+    ids = _ops(g, name=["attn.residual", "mlp.residual"])["node"].to_numpy()
+    assert codes[ids[0]] == codes[ids[1]]
+
+
+def test_invalid_layout_raises():
+    with pytest.raises(SpecError, match="does not equal num_gpus"):
+        build_workload_graph(GPT, ParallelConfig(tp=2, global_batch=1), ClusterSpec.build("h100-sxm5-80gb", 4))
+
+
+# ------------------------------------------------------------------ helpers
+
+
+@pytest.mark.parametrize(
+    ("stride", "size", "per_node", "expected"),
+    [(1, 8, 8, 8), (1, 16, 8, 8), (2, 4, 8, 4), (4, 4, 8, 2), (8, 4, 8, 1), (16, 4, 8, 1), (3, 1, 8, 1)],
+)
+def test_group_ranks_per_node(stride, size, per_node, expected):
+    assert group_ranks_per_node(stride, size, per_node) == expected
+
+
+def test_trainable_params_per_rank_dense():
+    p = ParallelConfig(global_batch=1)
+    dense, expert = trainable_params_per_rank(GPT, p)
+    padding = (padded_vocab_size(GPT, 1) - GPT.vocab_size) * GPT.hidden_size
+    # untied: the padding is in both the embedding and the LM head; the final norm is not counted
+    assert dense == GPT.num_params - GPT.final_norm_params + 2 * padding and expert == 0
+    tp2, _ = trainable_params_per_rank(GPT, ParallelConfig(tp=2, global_batch=1))
+    assert tp2 == dense // 2
+
+
+def test_trainable_params_per_rank_moe_splits_experts_over_ep():
+    mixtral = ModelSpec.from_name("mixtral-8x7b")
+    _, expert = trainable_params_per_rank(mixtral, ParallelConfig(dp=8, ep=4, global_batch=8))
+    assert expert == mixtral.num_layers * mixtral.moe_params_per_layer // 4
+
+
+def test_unfused_attention_keeps_both_gradients_under_lora():
+    g = _graph(finetune="lora", lora_rank=4, flash_attention=False, global_batch=1)
+    names = set(g.nodes["name"])
+    assert {"attn.core.scores.wgrad", "attn.core.context.wgrad"} <= names

@@ -1,0 +1,177 @@
+"""Tests of batch prediction (run and op tables) and the `perfcast predict` and `models` commands."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS, read_table
+from perfcast.errors import SpecError
+from perfcast.features.model import list_models
+from perfcast.serve.batch import predict_ops_table, predict_steps_table
+from perfcast.serve.cli import app
+
+runner = CliRunner()
+
+GOOD = {"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "dp": 2, "micro_batch": 2, "global_batch": 8}
+RUNS = pd.DataFrame(
+    [
+        GOOD,
+        {**GOOD, "tp": 5, "dp": 1, "global_batch": 2, "num_gpus": 5},  # 12 heads
+        {**GOOD, "gpu": "a100-sxm4-80gb"},
+        {**GOOD, "global_batch": 7},
+        {**GOOD, "gpu": "v100-sxm2-32gb", "dtype": "bf16"},  # no bf16 on Volta
+        {**GOOD, "model": "llama2-7b", "tp": 2, "sequence_parallel": True, "num_gpus": 4},
+    ],
+    index=[10, 3, 7, 0, 5, 1],
+)
+
+OPS = pd.DataFrame(
+    [
+        {"op": "matmul", "m": 4096, "n": 4096, "k": 4096, "gpu": "h100-sxm5-80gb"},
+        {"op": "matmul", "m": 4096, "n": 4096, "k": 4096, "gpu": "rtx-9090"},
+        {"op": "allreduce", "bytes": 1 << 28, "n_ranks": 16, "ranks_per_node": 8, "gpu": "h100"},
+        {"op": "conv2d", "m": 1, "n": 1, "k": 1, "gpu": "h100"},
+        {"op": "layernorm", "rows": 8192, "cols": 4096, "dtype": "bf16", "gpu": "a100-sxm4-80gb"},
+        {"op": "matmul", "m": 0, "n": 1, "k": 1, "gpu": "h100"},
+        {"op": "matmul", "m": 64, "n": 64, "k": 64, "gpu": "h100-nvl-94gb"},  # catalog has no peaks
+        {"op": "attention", "batch": 1, "heads": 8, "seq_q": 128, "seq_kv": 128, "head_dim": 64, "causal": True,
+         "gpu": "h100", "dtype": "bf16"},
+    ]
+)
+
+
+# ------------------------------------------------------------------ run tables
+
+
+def test_bad_rows_get_errors_and_good_rows_answers_in_order():
+    out = predict_steps_table(RUNS)
+    assert list(out.index) == list(RUNS.index)
+    pd.testing.assert_frame_equal(out[RUNS.columns], RUNS)
+    assert set(RUN_OUTPUT_COLUMNS) | {ERROR_COLUMN} <= set(out.columns)
+    errors = out[ERROR_COLUMN].tolist()
+    assert errors[0] == errors[2] == errors[5] == ""
+    assert "tp=5 does not divide num_heads=12" in errors[1]
+    assert "global_batch=7" in errors[3]
+    assert "bf16 is not supported on v100" in errors[4]
+    good = out[out[ERROR_COLUMN] == ""]
+    bad = out[out[ERROR_COLUMN] != ""]
+    assert (good["step_ms"] > 0).all() and good["fits_memory"].map(lambda v: isinstance(v, (bool, np.bool_))).all()
+    assert bad[["step_ms", "peak_mem_gib", "mfu", "tokens_per_s"]].isna().all().all()
+    # the analytic model gives no interval
+    assert out[["step_lo_ms", "step_hi_ms"]].isna().all().all()
+    # A100 is slower than H100 for the same config
+    assert out["step_ms"].iloc[2] > out["step_ms"].iloc[0]
+
+
+def test_breakdown_columns_sum_to_step():
+    out = predict_steps_table(RUNS, breakdown=True)
+    assert out.columns[-1] == ERROR_COLUMN
+    good = out[out[ERROR_COLUMN] == ""]
+    comm = [c for c in out.columns if c.startswith("comm_")]
+    assert "comm_tp_ms" in comm
+    parts = good[["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
+    np.testing.assert_allclose(parts, good["step_ms"], rtol=1e-9)
+    mem = good[["weights_gib", "grads_gib", "optimizer_gib", "activations_gib"]].sum(axis=1)
+    np.testing.assert_allclose(mem, good["peak_mem_gib"], rtol=1e-9)
+
+
+def test_progress_and_unknown_model():
+    seen: list[int] = []
+    predict_steps_table(RUNS.iloc[:2], progress=seen.append)
+    assert seen == [1, 1]
+    with pytest.raises(SpecError, match="model='xgb'"):
+        predict_steps_table(RUNS, model="xgb")
+
+
+# ------------------------------------------------------------------ op tables
+
+
+def test_op_table_reports_bad_rows_and_answers_good_ones():
+    out = predict_ops_table(OPS)
+    assert len(out) == len(OPS) and set(OP_OUTPUT_COLUMNS) <= set(out.columns)
+    errors = out[ERROR_COLUMN].tolist()
+    assert [i for i, e in enumerate(errors) if e == ""] == [0, 2, 4, 7]
+    assert "rtx-9090" in errors[1]
+    assert "op='conv2d' is not a known op" in errors[3]
+    assert errors[5].startswith("m=0.0 must be a positive number for op=matmul")
+    assert "h100-nvl-94gb has no bf16 peak" in errors[6]
+    good = out[out[ERROR_COLUMN] == ""]
+    assert (good["pred_ms"] > 0).all()
+    assert out.loc[out[ERROR_COLUMN] != "", "pred_ms"].isna().all()
+    assert out[["pred_lo_ms", "pred_hi_ms"]].isna().all().all()
+    # a 4096^3 bf16 GEMM at H100's dense peak: 2*4096^3 / 989.5e12 s
+    assert out["pred_ms"].iloc[0] == pytest.approx(2 * 4096**3 / 989.5e12 * 1e3, rel=1e-6)
+
+
+def test_op_table_all_bad_rows():
+    out = predict_ops_table(OPS.iloc[[1, 3]])
+    assert (out[ERROR_COLUMN] != "").all() and out["pred_ms"].isna().all()
+
+
+# ------------------------------------------------------------------ CLI
+
+
+@pytest.mark.parametrize(("fmt_in", "fmt_out"), [(".csv", ".csv"), (".parquet", ".parquet"), (".csv", ".parquet")])
+def test_cli_predict_steps_round_trip(tmp_path, fmt_in, fmt_out):
+    src, dst = tmp_path / f"runs{fmt_in}", tmp_path / f"out{fmt_out}"
+    if fmt_in == ".csv":
+        RUNS.to_csv(src, index=False)
+    else:
+        RUNS.to_parquet(src, index=False)
+    result = runner.invoke(app, ["predict", "steps", str(src), "-o", str(dst), "--show", "0"])
+    assert result.exit_code == 0, result.output
+    assert f"wrote {len(RUNS)} rows" in result.stderr and "(3 invalid" in result.stderr
+    out = read_table(dst)
+    assert len(out) == len(RUNS) and list(out["model"]) == list(RUNS["model"])
+    assert (out[ERROR_COLUMN].fillna("") != "").sum() == 3
+
+
+def test_cli_predict_ops(tmp_path):
+    src, dst = tmp_path / "ops.csv", tmp_path / "out.parquet"
+    OPS.to_csv(src, index=False)
+    result = runner.invoke(app, ["predict", "ops", str(src), "-o", str(dst)])
+    assert result.exit_code == 0, result.output
+    out = read_table(dst)
+    assert len(out) == len(OPS) and out["pred_ms"].notna().sum() == 4
+    assert "op predictions" in result.stdout
+
+
+@pytest.mark.parametrize("cmd", ["steps", "ops"])
+def test_cli_missing_input_is_a_one_line_error(tmp_path, cmd):
+    result = runner.invoke(app, ["predict", cmd, str(tmp_path / "nope.csv"), "-o", str(tmp_path / "out.csv")])
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "nope.csv" in lines[0]
+    assert not (tmp_path / "out.csv").exists()
+
+
+def test_cli_bad_output_suffix(tmp_path):
+    result = runner.invoke(app, ["predict", "steps", "-o", str(tmp_path / "out.txt"), "--show", "0"])
+    assert result.exit_code == 2 and result.stderr.strip().splitlines()[-1].startswith("error:")
+
+
+@pytest.mark.parametrize(("cmd", "rows"), [("steps", None), ("ops", None)])
+def test_cli_without_input_uses_the_packaged_example(tmp_path, cmd, rows):
+    dst = tmp_path / "out.csv"
+    result = runner.invoke(app, ["predict", cmd, "-o", str(dst), "--show", "0"])
+    assert result.exit_code == 0, result.output
+    assert "packaged example" in result.stderr
+    out = read_table(dst)
+    assert len(out) > 5 and (out[ERROR_COLUMN].fillna("") == "").sum() >= len(out) - 2
+
+
+def test_cli_models_list_and_show():
+    result = runner.invoke(app, ["models", "list"])
+    assert result.exit_code == 0, result.output
+    assert "llama2-7b" in result.stdout and len(list_models()) >= 10
+    result = runner.invoke(app, ["models", "show", "llama2-7b"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["num_layers"] == 32 and 6.5e9 < data["num_params"] < 7e9
+    result = runner.invoke(app, ["models", "show", "nope-7b"])
+    assert result.exit_code == 2 and result.stderr.startswith("error:")
