@@ -64,7 +64,17 @@ _ACCEL_FLOAT = {
     "tdp_w",
     "intra_node_bw_gbps_per_gpu",
 }
-_ACCEL_STR = {"id", "vendor", "name", "form_factor", "architecture", "mem_type", "intra_node_link", "source", "confidence"}
+_ACCEL_STR = {
+    "id",
+    "vendor",
+    "name",
+    "form_factor",
+    "architecture",
+    "mem_type",
+    "intra_node_link",
+    "source",
+    "confidence",
+}
 # Columns folded into other fields: the capacity unit goes into ``notes``; the direction
 # must be "bidirectional" (HardwareSpec.intra_node_bw_gbps is bidirectional by definition).
 _ACCEL_FOLDED = {"notes", "mem_capacity_unit_as_stated", "intra_node_bw_direction"}
@@ -150,7 +160,12 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "mi210": ("AMD Instinct MI210",),
     "mi250x-package": ("mi250x-oam", "AMD Instinct MI250X OAM package"),
     "mi250x-gcd": ("AMD Instinct MI250X", "mi250x"),
-    "mi300x": ("AMD Instinct MI300X", "AMD Instinct MI300X OAM", "AMD Instinct MI300X VF", "AMD Instinct MI300X 192GB HBM3"),
+    "mi300x": (
+        "AMD Instinct MI300X",
+        "AMD Instinct MI300X OAM",
+        "AMD Instinct MI300X VF",
+        "AMD Instinct MI300X 192GB HBM3",
+    ),
     "mi325x": ("AMD Instinct MI325X", "AMD Instinct MI325X OAM"),
     "mi350x": ("AMD Instinct MI350X",),
     "mi355x": ("AMD Instinct MI355X",),
@@ -286,7 +301,9 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(fh))
 
 
-def _typed(row: dict[str, str], ints: set[str], floats: set[str], strs: set[str], rename: dict[str, str]) -> dict[str, Any]:
+def _typed(
+    row: dict[str, str], ints: set[str], floats: set[str], strs: set[str], rename: dict[str, str]
+) -> dict[str, Any]:
     """Type the listed columns of ``row`` and rename them to spec field names."""
     out: dict[str, Any] = {}
     for column, kind in [(c, int) for c in ints] + [(c, float) for c in floats] + [(c, str) for c in strs]:
@@ -304,7 +321,9 @@ def accelerator_entry(row: dict[str, str]) -> dict[str, Any]:
     hw_id = row["id"].strip()
     direction = row["intra_node_bw_direction"].strip()
     if direction not in ("", "bidirectional"):
-        raise CatalogBuildError(f"{hw_id}: intra_node_bw_direction={direction!r}; the spec stores bidirectional figures")
+        raise CatalogBuildError(
+            f"{hw_id}: intra_node_bw_direction={direction!r}; the spec stores bidirectional figures"
+        )
     if hw_id not in DEFAULT_FABRIC:
         raise CatalogBuildError(f"{hw_id}: no DEFAULT_FABRIC entry in build_catalog.py")
     entry = {"schema_version": SCHEMA_VERSION}
@@ -392,8 +411,13 @@ def build(hardware_dir: Path, catalog_dir: Path = CATALOG_DIR) -> tuple[int, int
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("hardware_dir", nargs="?", type=Path, default=DEFAULT_HARDWARE_DIR,
-                        help="folder with accelerators.csv and fabrics.csv (default: ../shared/hardware)")
+    parser.add_argument(
+        "hardware_dir",
+        nargs="?",
+        type=Path,
+        default=DEFAULT_HARDWARE_DIR,
+        help="folder with accelerators.csv and fabrics.csv (default: ../shared/hardware)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:

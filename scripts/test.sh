@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check --quiet src tests scripts benchmarks
 .venv/bin/python -m pytest -q "$@"

@@ -52,7 +52,13 @@ def test_fixture_accepts_valid_and_rejects_bad_times(tmp_path: Path) -> None:
 def test_fixture_maps_to_run_table(tmp_path: Path) -> None:
     rec = read_vtrain_iterations(_write_fixture(tmp_path)).records
     assert list(rec.columns) == [
-        *RUN_COLUMNS, "tied_embeddings", "flash_attention", "measured_step_ms", "source", "setting", "source_row"
+        *RUN_COLUMNS,
+        "tied_embeddings",
+        "flash_attention",
+        "measured_step_ms",
+        "source",
+        "setting",
+        "source_row",
     ]
     assert rec["tied_embeddings"].all() and not rec["flash_attention"].any()
     first = rec.iloc[0]

@@ -18,8 +18,14 @@ KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 
 def _t(kind, nbytes, n, rpn) -> float:
     out = collective_time_s(
-        np.array([kind]), np.array([nbytes], dtype=float), np.array([n]), np.array([rpn]),
-        intra_bw_gbps=BW_IN, inter_bw_gbps=BW_OUT, intra_latency_us=A_IN, inter_latency_us=A_OUT,
+        np.array([kind]),
+        np.array([nbytes], dtype=float),
+        np.array([n]),
+        np.array([rpn]),
+        intra_bw_gbps=BW_IN,
+        inter_bw_gbps=BW_OUT,
+        intra_latency_us=A_IN,
+        inter_latency_us=A_OUT,
     )
     return float(out[0])
 
@@ -80,8 +86,13 @@ def test_ranks_per_node_is_clipped_to_the_group():
 
 def test_vectorised_over_rows_and_nan_for_non_collectives():
     out = collective_time_s(
-        np.array(["allreduce", "allgather", "matmul"]), np.array([1e6, 1e6, 1e6]), np.array([8, 8, 8]),
-        np.array([8, 8, 8]), intra_bw_gbps=BW_IN, inter_bw_gbps=BW_OUT, intra_latency_us=A_IN,
+        np.array(["allreduce", "allgather", "matmul"]),
+        np.array([1e6, 1e6, 1e6]),
+        np.array([8, 8, 8]),
+        np.array([8, 8, 8]),
+        intra_bw_gbps=BW_IN,
+        inter_bw_gbps=BW_OUT,
+        intra_latency_us=A_IN,
         inter_latency_us=A_OUT,
     )
     assert out.shape == (3,)

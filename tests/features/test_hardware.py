@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from perfcast.data.schema import DType
 from perfcast.errors import SpecError, UnknownEntryError
-from perfcast.features.dtypes import DType
 from perfcast.features.hardware import (
     DEFAULT_GPUS_PER_NODE,
     NVLINK_INTRA_NODE_LATENCY_US,
@@ -200,10 +200,21 @@ def test_gpu_names_in_shared_data_resolve_when_in_the_catalog():
     if not data_dir.is_dir():
         pytest.skip("shared data folder absent")
     for name in (
-        "NVIDIA H100-SXM5-80GB", "NVIDIA A100-PCIe-80GB", "NVIDIA A100 - PCIe - 80 GB",
-        "NVIDIA A100-SXM-40GB", "NVIDIA A100-SXM-80GB CTS", "NVIDIA H100-SXM-80GB",
-        "NVIDIA H100-PCIe-80GB", "Intel Gaudi2", "TPU-v5e", "NVIDIA Tesla P100", "NVIDIA T4",
-        "NVIDIA V100", "NVIDIA_A100-PCIE-40GB", "Tesla_V100-PCIE-32GB", "A40",
+        "NVIDIA H100-SXM5-80GB",
+        "NVIDIA A100-PCIe-80GB",
+        "NVIDIA A100 - PCIe - 80 GB",
+        "NVIDIA A100-SXM-40GB",
+        "NVIDIA A100-SXM-80GB CTS",
+        "NVIDIA H100-SXM-80GB",
+        "NVIDIA H100-PCIe-80GB",
+        "Intel Gaudi2",
+        "TPU-v5e",
+        "NVIDIA Tesla P100",
+        "NVIDIA T4",
+        "NVIDIA V100",
+        "NVIDIA_A100-PCIE-40GB",
+        "Tesla_V100-PCIE-32GB",
+        "A40",
     ):
         resolve_gpu_name(name)
 
@@ -399,8 +410,13 @@ def test_cluster_build_validation_messages():
 def test_cluster_direct_construction_validates():
     h100 = HardwareSpec.from_name("h100")
     base = dict(
-        gpu=h100, num_gpus=16, gpus_per_node=8, intra_node_bw_gbps=450.0, inter_node_bw_gbps=50.0,
-        intra_node_latency_us=3.0, inter_node_latency_us=5.0,
+        gpu=h100,
+        num_gpus=16,
+        gpus_per_node=8,
+        intra_node_bw_gbps=450.0,
+        inter_node_bw_gbps=50.0,
+        intra_node_latency_us=3.0,
+        inter_node_latency_us=5.0,
     )
     assert ClusterSpec(**base).num_nodes == 2
     with pytest.raises(ValidationError, match="num_gpus=12 is not a multiple of gpus_per_node=8"):

@@ -129,6 +129,14 @@ def test_fits_memory_flips_when_the_model_is_too_large():
     small = _peak(ModelSpec.from_name("gpt3-125m"), 1, global_batch=1)
     assert small.fits(80)
     # sharding the 70B over 64 GPUs with ZeRO-3 and tp=8 brings it back
-    sharded = _peak(ModelSpec.from_name("llama2-70b"), 64, tp=8, dp=8, global_batch=8, zero_stage=3,
-                    sequence_parallel=True, recompute="full")
+    sharded = _peak(
+        ModelSpec.from_name("llama2-70b"),
+        64,
+        tp=8,
+        dp=8,
+        global_batch=8,
+        zero_stage=3,
+        sequence_parallel=True,
+        recompute="full",
+    )
     assert sharded.fits(80)

@@ -156,9 +156,7 @@ def test_bias_and_layernorm_counts() -> None:
     with_bias = ModelSpec(**base, bias=True, norm="layernorm")
     no_bias = ModelSpec(**base, bias=False, norm="rmsnorm")
     hd, h, f = 16, 64, 256
-    assert with_bias.attention_params_per_layer - no_bias.attention_params_per_layer == (
-        4 * hd + 2 * 2 * hd + h
-    )
+    assert with_bias.attention_params_per_layer - no_bias.attention_params_per_layer == (4 * hd + 2 * 2 * hd + h)
     assert with_bias.mlp_params_per_layer - no_bias.mlp_params_per_layer == f + h
     assert with_bias.norm_params_per_layer == 4 * h and no_bias.norm_params_per_layer == 2 * h
     assert with_bias.embedding_params == 100 * h  # rope has no parameters

@@ -24,16 +24,25 @@ def _one(**row) -> pd.DataFrame:
 
 
 def test_design_op_vocabulary_is_known():
-    design = ("matmul bmm linear softmax layernorm rmsnorm add mul div pow relu gelu silu tanh attention "
-              "allreduce allgather reducescatter alltoall sendrecv").split()
+    design = (
+        "matmul bmm linear softmax layernorm rmsnorm add mul div pow relu gelu silu tanh attention "
+        "allreduce allgather reducescatter alltoall sendrecv"
+    ).split()
     assert set(design) <= {o.value for o in OpType}
 
 
 @pytest.mark.parametrize(
     ("op", "cls"),
-    [(OpType.MATMUL, OpClass.GEMM), (OpType.BMM, OpClass.GEMM), (OpType.LINEAR, OpClass.GEMM),
-     (OpType.ATTENTION, OpClass.ATTENTION), (OpType.ALLREDUCE, OpClass.COLLECTIVE),
-     (OpType.SENDRECV, OpClass.COLLECTIVE), (OpType.LAYERNORM, OpClass.VECTOR), (OpType.OPTIMIZER, OpClass.VECTOR)],
+    [
+        (OpType.MATMUL, OpClass.GEMM),
+        (OpType.BMM, OpClass.GEMM),
+        (OpType.LINEAR, OpClass.GEMM),
+        (OpType.ATTENTION, OpClass.ATTENTION),
+        (OpType.ALLREDUCE, OpClass.COLLECTIVE),
+        (OpType.SENDRECV, OpClass.COLLECTIVE),
+        (OpType.LAYERNORM, OpClass.VECTOR),
+        (OpType.OPTIMIZER, OpClass.VECTOR),
+    ],
 )
 def test_op_class(op, cls):
     assert op_class(op) is cls
@@ -76,22 +85,28 @@ def test_gemm_batch_defaults_to_one_and_backward_flag_is_ignored():
 def test_attention_flops_causal_halving_and_backward_ratio():
     shape = dict(op="attention", batch=2, heads=16, kv_heads=4, seq_q=1024, seq_kv=1024, head_dim=128)
     full = 4 * 2 * 16 * 1024 * 1024 * 128
-    ops = pd.DataFrame([
-        {**shape, "causal": False, "backward": False},
-        {**shape, "causal": True, "backward": False},
-        {**shape, "causal": False, "backward": True},
-        {**shape, "causal": "true", "backward": "true"},  # flags read from text cells
-    ])
+    ops = pd.DataFrame(
+        [
+            {**shape, "causal": False, "backward": False},
+            {**shape, "causal": True, "backward": False},
+            {**shape, "causal": False, "backward": True},
+            {**shape, "causal": "true", "backward": "true"},  # flags read from text cells
+        ]
+    )
     flops = op_flops(ops)
     assert ATTENTION_BACKWARD_FLOP_RATIO == 2.5
     assert list(flops) == [full, full / 2, 2.5 * full, 2.5 * full / 2]
 
 
 def test_vector_flops_per_element_and_backward_doubles():
-    ops = pd.DataFrame([
-        dict(op="layernorm", rows=10, cols=100), dict(op="layernorm", rows=10, cols=100, backward=True),
-        dict(op="add", rows=10, cols=100), dict(op="gelu", rows=10, cols=100),
-    ])
+    ops = pd.DataFrame(
+        [
+            dict(op="layernorm", rows=10, cols=100),
+            dict(op="layernorm", rows=10, cols=100, backward=True),
+            dict(op="add", rows=10, cols=100),
+            dict(op="gelu", rows=10, cols=100),
+        ]
+    )
     assert list(op_flops(ops)) == [8 * 1000, 16 * 1000, 1000, 8 * 1000]
 
 
@@ -127,14 +142,16 @@ def test_attention_memory_counts_q_k_v_o_and_doubles_in_backward():
 
 def test_vector_memory_traffic():
     e = 10 * 100
-    ops = pd.DataFrame([
-        dict(op="gelu", rows=10, cols=100, dtype="bf16"),  # read x, write y
-        dict(op="add", rows=10, cols=100, dtype="bf16"),  # two inputs
-        dict(op="add", rows=10, cols=100, dtype="bf16", scalar=True),  # tensor + scalar
-        dict(op="gelu", rows=10, cols=100, dtype="bf16", backward=True),  # dy, x in; dx out
-        dict(op="softmax", rows=10, cols=100, dtype="fp32"),
-        dict(op="optimizer", rows=1, cols=1000, dtype="bf16"),
-    ])
+    ops = pd.DataFrame(
+        [
+            dict(op="gelu", rows=10, cols=100, dtype="bf16"),  # read x, write y
+            dict(op="add", rows=10, cols=100, dtype="bf16"),  # two inputs
+            dict(op="add", rows=10, cols=100, dtype="bf16", scalar=True),  # tensor + scalar
+            dict(op="gelu", rows=10, cols=100, dtype="bf16", backward=True),  # dy, x in; dx out
+            dict(op="softmax", rows=10, cols=100, dtype="fp32"),
+            dict(op="optimizer", rows=1, cols=1000, dtype="bf16"),
+        ]
+    )
     assert ADAM_BYTES_PER_PARAM == 30.0
     assert list(op_memory_bytes(ops)) == [2 * e * 2, 3 * e * 2, 2 * e * 2, 3 * e * 2, 2 * e * 4, 30 * 1000]
 

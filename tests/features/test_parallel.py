@@ -125,8 +125,10 @@ def test_tp_must_divide_ffn():
         check_layout(model, ParallelConfig(tp=2, global_batch=1), _cluster(2))
 
 
-@pytest.mark.parametrize(("pp", "vpp", "text"), [(3, 1, "pp*vpp=3*1=3 does not divide num_layers=4"),
-                                                  (2, 4, "pp*vpp=2*4=8 does not divide num_layers=4")])
+@pytest.mark.parametrize(
+    ("pp", "vpp", "text"),
+    [(3, 1, "pp*vpp=3*1=3 does not divide num_layers=4"), (2, 4, "pp*vpp=2*4=8 does not divide num_layers=4")],
+)
 def test_pp_times_vpp_must_divide_layers(pp, vpp, text):
     with _raises(SpecError, text):
         check_layout(GPT, ParallelConfig(pp=pp, vpp=vpp, global_batch=pp * 2), _cluster(pp))
@@ -158,8 +160,16 @@ def test_ep_needs_moe_and_must_divide_experts():
 
 
 def test_tp_must_divide_expert_ffn():
-    moe = ModelSpec(num_layers=2, hidden_size=512, num_heads=8, vocab_size=1000, ffn_hidden_size=1024,
-                    num_experts=4, top_k=2, moe_ffn_hidden_size=1001)
+    moe = ModelSpec(
+        num_layers=2,
+        hidden_size=512,
+        num_heads=8,
+        vocab_size=1000,
+        ffn_hidden_size=1024,
+        num_experts=4,
+        top_k=2,
+        moe_ffn_hidden_size=1001,
+    )
     with _raises(SpecError, "tp=2 does not divide the expert ffn size 1001"):
         check_layout(moe, ParallelConfig(tp=2, global_batch=1), _cluster(2))
 
@@ -169,8 +179,16 @@ def test_tp_must_divide_expert_ffn():
 
 @pytest.mark.parametrize(
     ("vocab", "tp", "multiple", "padded"),
-    [(50257, 1, 128, 50304), (50257, 2, 128, 50432), (32000, 1, 128, 32000), (32000, 8, 128, 32768),
-     (1000, 1, 128, 1024), (1000, 2, 128, 1024), (1000, 1, 64, 1024), (128256, 8, 128, 129024)],
+    [
+        (50257, 1, 128, 50304),
+        (50257, 2, 128, 50432),
+        (32000, 1, 128, 32000),
+        (32000, 8, 128, 32768),
+        (1000, 1, 128, 1024),
+        (1000, 2, 128, 1024),
+        (1000, 1, 64, 1024),
+        (128256, 8, 128, 129024),
+    ],
 )
 def test_padded_vocab_size(vocab, tp, multiple, padded):
     model = GPT.model_copy(update={"vocab_size": vocab})

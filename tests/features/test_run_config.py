@@ -13,8 +13,18 @@ from perfcast.features.run_config import parse_run_row
 
 
 def test_preset_with_overrides():
-    cfg = parse_run_row({"model": "llama2-7b", "seq_len": 2048, "tp": 2, "dp": 4, "micro_batch": 2,
-                         "global_batch": 64, "gpu": "NVIDIA H100 80GB HBM3", "recompute": "selective"})
+    cfg = parse_run_row(
+        {
+            "model": "llama2-7b",
+            "seq_len": 2048,
+            "tp": 2,
+            "dp": 4,
+            "micro_batch": 2,
+            "global_batch": 64,
+            "gpu": "NVIDIA H100 80GB HBM3",
+            "recompute": "selective",
+        }
+    )
     base = ModelSpec.from_name("llama2-7b")
     assert cfg.model.seq_len == 2048 and cfg.model.hidden_size == base.hidden_size
     assert cfg.model.num_layers == base.num_layers and cfg.model.name == base.name
@@ -24,16 +34,35 @@ def test_preset_with_overrides():
 
 
 def test_model_from_fields_and_defaults():
-    cfg = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000, "dp": 2,
-                         "micro_batch": 3, "gpu": "a100-sxm4-80gb"})
+    cfg = parse_run_row(
+        {
+            "num_layers": 2,
+            "hidden_size": 256,
+            "num_heads": 4,
+            "vocab_size": 1000,
+            "dp": 2,
+            "micro_batch": 3,
+            "gpu": "a100-sxm4-80gb",
+        }
+    )
     assert cfg.model.num_layers == 2 and cfg.model.ffn_size == 1024
     assert cfg.parallel.global_batch == 6  # dp * micro_batch
     assert cfg.cluster.num_gpus == 2  # tp*pp*dp*cp
 
 
 def test_empty_cells_count_as_absent():
-    row = {"model": "gpt3-125m", "num_layers": float("nan"), "seq_len": "", "tp": None, "pp": "  ",
-           "dp": 2.0, "sequence_parallel": math.nan, "gpu": "h100", "num_gpus": float("nan"), "inter_node": ""}
+    row = {
+        "model": "gpt3-125m",
+        "num_layers": float("nan"),
+        "seq_len": "",
+        "tp": None,
+        "pp": "  ",
+        "dp": 2.0,
+        "sequence_parallel": math.nan,
+        "gpu": "h100",
+        "num_gpus": float("nan"),
+        "inter_node": "",
+    }
     cfg = parse_run_row(row)
     base = ModelSpec.from_name("gpt3-125m")
     assert cfg.model.num_layers == base.num_layers and cfg.model.seq_len == base.seq_len
@@ -41,8 +70,9 @@ def test_empty_cells_count_as_absent():
     assert not cfg.parallel.sequence_parallel and cfg.cluster.num_gpus == 2
 
 
-@pytest.mark.parametrize(("text", "value"), [("true", True), ("1", True), ("Yes", True), ("false", False),
-                                            ("0.0", False), (True, True)])
+@pytest.mark.parametrize(
+    ("text", "value"), [("true", True), ("1", True), ("Yes", True), ("false", False), ("0.0", False), (True, True)]
+)
 def test_boolean_cells(text, value):
     cfg = parse_run_row({"model": "gpt3-125m", "tp": 2, "sequence_parallel": text, "gpu": "h100"})
     assert cfg.parallel.sequence_parallel is value

@@ -131,5 +131,9 @@ def test_overlapping_the_gradient_reduction_never_slows_the_step():
 
 def test_breakdown_defaults():
     b = StepBreakdown(step_ms=3.0, compute_ms=1.0, bubble_ms=1.0, dp_sync_ms=0.5, optimizer_ms=0.5)
-    assert b.comm_ms == {} and b.as_row() == {"compute_ms": 1.0, "bubble_ms": 1.0, "dp_sync_ms": 0.5,
-                                              "optimizer_ms": 0.5}
+    assert b.comm_ms == {} and b.as_row() == {
+        "compute_ms": 1.0,
+        "bubble_ms": 1.0,
+        "dp_sync_ms": 0.5,
+        "optimizer_ms": 0.5,
+    }

@@ -107,8 +107,12 @@ def test_flops_against_model_flops_per_token(model):
     tokens = 2 * model.seq_len
     L, s, h, V = model.num_layers, model.seq_len, model.hidden_size, model.vocab_size
     gemm_attn = _flops(g, GEMM_OPS + ("attention",))
-    exact = (model.flops_per_token() * tokens + 6 * (padded_vocab_size(model, 1) - V) * h * tokens
-             + _bias_per_token(model, 1) * tokens - 5 * L * s * h * tokens)
+    exact = (
+        model.flops_per_token() * tokens
+        + 6 * (padded_vocab_size(model, 1) - V) * h * tokens
+        + _bias_per_token(model, 1) * tokens
+        - 5 * L * s * h * tokens
+    )
     assert gemm_attn == pytest.approx(exact, rel=1e-12)
     # norms, activations, softmax, residuals and the optimizer are a small rest
     total = g.total_flops()
@@ -124,16 +128,20 @@ def test_tensor_parallelism_halves_the_gemm_flops_per_gpu():
     assert padded_vocab_size(GPT, 2) == padded_vocab_size(GPT, 1)
     gemm_two = _flops(two, GEMM_OPS)
     # the row-parallel biases (attention out, MLP down) are added on every rank
-    assert gemm_two == pytest.approx(3 * _padded_matmul_params(GPT, 2) * tokens + _bias_per_token(GPT, 2) * tokens,
-                                     rel=1e-12)
+    assert gemm_two == pytest.approx(
+        3 * _padded_matmul_params(GPT, 2) * tokens + _bias_per_token(GPT, 2) * tokens, rel=1e-12
+    )
     assert gemm_two == pytest.approx(_flops(one, GEMM_OPS) / 2, rel=0.01)
     assert _flops(two, ["attention"]) == pytest.approx(_flops(one, ["attention"]) / 2, rel=1e-12)
 
 
 def test_full_recompute_replays_one_forward():
     none, full = _graph(global_batch=2), _graph(global_batch=2, recompute="full")
-    layer_fwd = float(_weighted_flops(none)[(none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer")
-                                           & none.nodes["op"].isin(GEMM_OPS)].sum())
+    layer_fwd = float(
+        _weighted_flops(none)[
+            (none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer") & none.nodes["op"].isin(GEMM_OPS)
+        ].sum()
+    )
     assert _flops(full, GEMM_OPS, "layer") == pytest.approx(_flops(none, GEMM_OPS, "layer") + layer_fwd, rel=1e-12)
     assert _flops(full, GEMM_OPS) / _flops(none, GEMM_OPS) == pytest.approx(4 / 3, rel=0.03)
     recomputed = _ops(full, phase="recompute")
@@ -180,7 +188,7 @@ def test_tp_without_sequence_parallelism_all_reduces_the_head_input_gradient():
     # Megatron's LM head copies its input to the tp ranks (identity forward, all-reduce backward)
     g = _graph(tp=2, global_batch=1)
     head = _ops(g, scope="last_stage", stream="comm")
-    assert list(zip(head["phase"], head["op"], head["group"])) == [("bwd", "allreduce", "tp")]
+    assert list(zip(head["phase"], head["op"], head["group"], strict=False)) == [("bwd", "allreduce", "tp")]
     assert head["bytes"].item() == GPT.seq_len * GPT.hidden_size * 2
 
 
@@ -209,7 +217,7 @@ def test_context_parallelism_exchanges_kv_beside_attention():
     assert exch["bytes"] == 2 * s_rank * GPT.kv_heads * GPT.head_size * 2 * 2  # K and V of every cp rank
     assert (core["seq_q"], core["seq_kv"]) == (s_rank, GPT.seq_len)
     qkv = _ops(g, name="attn.qkv")["node"].item()
-    edges = set(zip(g.edges["src"], g.edges["dst"]))
+    edges = set(zip(g.edges["src"], g.edges["dst"], strict=False))
     assert {(qkv, exch["node"]), (exch["node"], core["node"])} <= edges
     bwd = _ops(g, name="attn.cp_exchange.bwd").iloc[0]
     assert bwd["bytes"] == 2 * exch["bytes"] and bwd["group"] == "cp"
@@ -296,7 +304,11 @@ def test_lora_trains_only_the_adapters():
     assert len(wgrads) and wgrads.str.contains(".lora_", regex=False).all()
     lora_fwd = _ops(g, phase="fwd")["name"]
     assert sorted(lora_fwd[lora_fwd.str.contains("lora")]) == [
-        "attn.out.lora_a", "attn.out.lora_b", "attn.qkv.lora_a", "attn.qkv.lora_b"]
+        "attn.out.lora_a",
+        "attn.out.lora_b",
+        "attn.qkv.lora_a",
+        "attn.qkv.lora_b",
+    ]
     assert "embedding.bwd" not in set(names)
     h, q = GPT.hidden_size, GPT.num_heads * GPT.head_size
     qkv_out = (GPT.num_heads + 2 * GPT.kv_heads) * GPT.head_size

@@ -52,8 +52,16 @@ def test_mfu_of_the_packaged_examples_is_a_fraction():
 @pytest.mark.parametrize("seq_len", [2048, 8192, 32768])
 def test_mfu_stays_below_one_at_long_sequences(seq_len):
     # the attention FLOPs grow with the sequence; a lower-bound predictor must still give MFU <= 1
-    row = {"num_layers": 4, "hidden_size": 1024, "num_heads": 8, "vocab_size": 1000, "seq_len": seq_len,
-           "position_embedding": "rope", "gpu": "h100-sxm5-80gb", "global_batch": 2}
+    row = {
+        "num_layers": 4,
+        "hidden_size": 1024,
+        "num_heads": 8,
+        "vocab_size": 1000,
+        "seq_len": seq_len,
+        "position_embedding": "rope",
+        "gpu": "h100-sxm5-80gb",
+        "global_batch": 2,
+    }
     cfg = parse_run_row(row)
     assert 0 < predict_step(cfg).mfu <= 1
     graph = build_workload_graph(cfg.model, cfg.parallel, cfg.cluster)
@@ -62,8 +70,9 @@ def test_mfu_stays_below_one_at_long_sequences(seq_len):
 
 def test_lora_counts_fewer_model_flops():
     full = parse_run_row({**BASE, "model": "llama2-7b", "dp": 1, "micro_batch": 1, "global_batch": 1})
-    lora = parse_run_row({**BASE, "model": "llama2-7b", "dp": 1, "micro_batch": 1, "global_batch": 1,
-                          "finetune": "lora", "lora_rank": 8})
+    lora = parse_run_row(
+        {**BASE, "model": "llama2-7b", "dp": 1, "micro_batch": 1, "global_batch": 1, "finetune": "lora", "lora_rank": 8}
+    )
     diff = model_flops_per_step(full) - model_flops_per_step(lora)
     assert diff == pytest.approx(2 * full.model.num_matmul_params * full.tokens_per_step, rel=1e-12)
     assert predict_step(lora).step_ms < predict_step(full).step_ms

@@ -39,8 +39,17 @@ OPS = pd.DataFrame(
         {"op": "layernorm", "rows": 8192, "cols": 4096, "dtype": "bf16", "gpu": "a100-sxm4-80gb"},
         {"op": "matmul", "m": 0, "n": 1, "k": 1, "gpu": "h100"},
         {"op": "matmul", "m": 64, "n": 64, "k": 64, "gpu": "h100-nvl-94gb"},  # catalog has no peaks
-        {"op": "attention", "batch": 1, "heads": 8, "seq_q": 128, "seq_kv": 128, "head_dim": 64, "causal": True,
-         "gpu": "h100", "dtype": "bf16"},
+        {
+            "op": "attention",
+            "batch": 1,
+            "heads": 8,
+            "seq_q": 128,
+            "seq_kv": 128,
+            "head_dim": 64,
+            "causal": True,
+            "gpu": "h100",
+            "dtype": "bf16",
+        },
     ]
 )
 

@@ -40,8 +40,15 @@ def test_list_json():
     records = json.loads(result.stdout)
     assert len(records) == len(list_hardware())
     assert set(records[0]) == {
-        "id", "name", "vendor", "peak_bf16_tflops", "peak_fp32_tflops", "mem_gib",
-        "mem_bw_gbps", "tdp_w", "intra_node_bw_gbps",
+        "id",
+        "name",
+        "vendor",
+        "peak_bf16_tflops",
+        "peak_fp32_tflops",
+        "mem_gib",
+        "mem_bw_gbps",
+        "tdp_w",
+        "intra_node_bw_gbps",
     }
 
 

@@ -82,7 +82,7 @@ def test_perfect_prediction_has_zero_error(values: list[float]) -> None:
 
 @given(st.lists(st.tuples(positive, positive, positive), min_size=1, max_size=50))
 def test_coverage_is_a_fraction(rows: list[tuple[float, float, float]]) -> None:
-    a, b, true = (np.array(c) for c in zip(*rows))
+    a, b, true = (np.array(c) for c in zip(*rows, strict=False))
     cov = interval_coverage(np.minimum(a, b), np.maximum(a, b), true)
     assert 0.0 <= cov <= 1.0
 

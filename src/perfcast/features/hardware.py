@@ -34,8 +34,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
+from perfcast.data.schema import DType
 from perfcast.errors import SpecError, UnknownEntryError
-from perfcast.features.dtypes import DType
+from perfcast.features._spec_io import read_json, to_spec_error
 
 __all__ = [
     "ClusterSpec",
@@ -131,10 +132,24 @@ class HardwareSpec(BaseModel):
     confidence: str | None
 
     _positive = field_validator(
-        "sm_count", "boost_clock_mhz", "peak_fp64_tflops", "peak_fp64_matrix_tflops",
-        "peak_fp32_tflops", "peak_tf32_tflops", "peak_fp16_tflops", "peak_bf16_tflops",
-        "peak_fp8_tflops", "peak_fp4_tflops", "peak_int8_tops", "mem_gib", "mem_bw_gbps",
-        "l2_cache_mib", "tdp_w", "intra_node_bw_gbps", "pcie_gen", "typical_gpus_per_node",
+        "sm_count",
+        "boost_clock_mhz",
+        "peak_fp64_tflops",
+        "peak_fp64_matrix_tflops",
+        "peak_fp32_tflops",
+        "peak_tf32_tflops",
+        "peak_fp16_tflops",
+        "peak_bf16_tflops",
+        "peak_fp8_tflops",
+        "peak_fp4_tflops",
+        "peak_int8_tops",
+        "mem_gib",
+        "mem_bw_gbps",
+        "l2_cache_mib",
+        "tdp_w",
+        "intra_node_bw_gbps",
+        "pcie_gen",
+        "typical_gpus_per_node",
         "release_year",
     )(_check_positive)
 
@@ -243,7 +258,7 @@ class HardwareSpec(BaseModel):
             SpecError: unreadable file, invalid JSON or invalid fields (field path, value).
         """
         path = Path(path)
-        return _spec_from_dict(cls, _read_json(path), where=str(path))
+        return _spec_from_dict(cls, read_json(path), where=str(path))
 
 
 _PEAK_FALLBACKS: dict[DType, tuple[str, ...]] = {
@@ -286,8 +301,13 @@ class FabricSpec(BaseModel):
     confidence: str | None = None
 
     _positive = field_validator(
-        "per_port_line_rate_gbitps", "per_gpu_bw_gbps", "node_bw_gbps", "nics_or_ports_per_node",
-        "gpus_per_node", "domain_size_gpus", "latency_us",
+        "per_port_line_rate_gbitps",
+        "per_gpu_bw_gbps",
+        "node_bw_gbps",
+        "nics_or_ports_per_node",
+        "gpus_per_node",
+        "domain_size_gpus",
+        "latency_us",
     )(_check_positive)
 
     @property
@@ -319,8 +339,7 @@ class FabricSpec(BaseModel):
         if self.per_port_line_rate_gbitps is not None:
             return self.per_port_line_rate_gbitps / 8.0
         raise SpecError(
-            f"fabric {self.id} has no per_gpu_bw_gbps, node_bw_gbps or per_port_line_rate_gbitps "
-            f"usable for {gpu.id}"
+            f"fabric {self.id} has no per_gpu_bw_gbps, node_bw_gbps or per_port_line_rate_gbitps usable for {gpu.id}"
         )
 
     @classmethod
@@ -346,7 +365,7 @@ class FabricSpec(BaseModel):
             SpecError: unreadable file, invalid JSON or invalid fields.
         """
         path = Path(path)
-        return _spec_from_dict(cls, _read_json(path), where=str(path))
+        return _spec_from_dict(cls, read_json(path), where=str(path))
 
 
 class ClusterSpec(BaseModel):
@@ -386,9 +405,7 @@ class ClusterSpec(BaseModel):
     @model_validator(mode="after")
     def _check_nodes(self) -> ClusterSpec:
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
-            raise ValueError(
-                f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}"
-            )
+            raise ValueError(f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}")
         return self
 
     @property
@@ -445,7 +462,7 @@ class ClusterSpec(BaseModel):
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
-            raise _to_spec_error(exc, "cluster") from None
+            raise to_spec_error(exc, "cluster") from None
 
 
 def _check_count_arg(name: str, value: Any) -> None:
@@ -607,32 +624,4 @@ def _spec_from_dict(model: type[Any], data: Any, *, where: str) -> Any:
     try:
         return model.model_validate(dict(data))
     except ValidationError as exc:
-        raise _to_spec_error(exc, where) from None
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}: invalid JSON: {exc}") from None
-
-
-def _to_spec_error(exc: ValidationError, where: str) -> SpecError:
-    """One clause per pydantic error: ``field=value: message``."""
-    parts = []
-    for err in exc.errors():
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        if loc and err.get("type") == "extra_forbidden":
-            parts.append(f"{loc}: unknown field (typo?)")
-        elif loc:
-            parts.append(f"{loc}={err.get('input')!r}: {msg}")
-        else:
-            parts.append(msg)
-    return SpecError(f"{where}: " + "; ".join(parts))
+        raise to_spec_error(exc, where) from None

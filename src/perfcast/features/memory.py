@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from perfcast.features.dtypes import DType
+from perfcast.data.schema import DType
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size

@@ -29,7 +29,7 @@ import logging
 import operator
 from collections.abc import Mapping
 from enum import Enum
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from perfcast.errors import SpecError, UnknownEntryError
+from perfcast.features._spec_io import read_json, to_spec_error
 
 __all__ = [
     "Activation",
@@ -107,9 +108,7 @@ class ModelSpec(BaseModel):
     num_kv_heads: int | None = Field(
         default=None, gt=0, description="Key/value heads; None = num_heads (MHA), 1 = MQA."
     )
-    head_dim: int | None = Field(
-        default=None, gt=0, description="Size of one head; None = hidden_size // num_heads."
-    )
+    head_dim: int | None = Field(default=None, gt=0, description="Size of one head; None = hidden_size // num_heads.")
     ffn_hidden_size: int | None = Field(
         default=None, gt=0, description="Dense MLP inner size; None = 4h (see ffn_size)."
     )
@@ -126,9 +125,7 @@ class ModelSpec(BaseModel):
     bias: bool = Field(default=True, description="Biases on attention and MLP linears.")
     num_experts: int = Field(default=1, ge=1, description="Experts per MoE layer; 1 = dense.")
     top_k: int = Field(default=1, ge=1, description="Experts each token is routed to.")
-    moe_ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="Expert MLP inner size; None = ffn_size."
-    )
+    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, description="Expert MLP inner size; None = ffn_size.")
     moe_layer_freq: int = Field(default=1, ge=1, description="Every k-th layer is an MoE layer.")
 
     # ------------------------------------------------------------------ validation
@@ -141,19 +138,13 @@ class ModelSpec(BaseModel):
                 "give head_dim explicitly for such models"
             )
         if self.num_kv_heads is not None and self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}"
-            )
+            raise ValueError(f"num_kv_heads={self.num_kv_heads} does not divide num_heads={self.num_heads}")
         if self.top_k > self.num_experts:
             raise ValueError(
-                f"top_k={self.top_k} exceeds num_experts={self.num_experts}; "
-                "allowed: 1 <= top_k <= num_experts"
+                f"top_k={self.top_k} exceeds num_experts={self.num_experts}; allowed: 1 <= top_k <= num_experts"
             )
         if self.num_experts > 1 and self.num_layers % self.moe_layer_freq:
-            raise ValueError(
-                f"moe_layer_freq={self.moe_layer_freq} does not divide "
-                f"num_layers={self.num_layers}"
-            )
+            raise ValueError(f"moe_layer_freq={self.moe_layer_freq} does not divide num_layers={self.num_layers}")
         if (
             self.position_embedding is PositionEmbedding.LEARNED
             and self.max_position_embeddings is not None
@@ -410,14 +401,12 @@ class ModelSpec(BaseModel):
             raise SpecError(f"{where}: expected a JSON object, got {type(data).__name__}")
         version = data.get("schema_version", SCHEMA_VERSION)
         if version != SCHEMA_VERSION:
-            raise SpecError(
-                f"{where}: schema_version={version!r} is not supported; allowed: {SCHEMA_VERSION}"
-            )
+            raise SpecError(f"{where}: schema_version={version!r} is not supported; allowed: {SCHEMA_VERSION}")
         fields = {k: v for k, v in data.items() if k not in _METADATA_KEYS}
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
-            raise _to_spec_error(exc, where) from None
+            raise to_spec_error(exc, where) from None
 
     @classmethod
     def from_file(cls, path: str | Path) -> ModelSpec:
@@ -428,7 +417,7 @@ class ModelSpec(BaseModel):
                 :meth:`from_hf_config` or :meth:`load`), or invalid fields.
         """
         path = Path(path)
-        data = _read_json(path)
+        data = read_json(path)
         if _looks_like_hf_config(data):
             raise SpecError(
                 f"{path}: looks like a Hugging Face config.json (has model_type/architectures); "
@@ -449,9 +438,7 @@ class ModelSpec(BaseModel):
         return _load_preset(_resolve_preset_id(name))
 
     @classmethod
-    def from_hf_config(
-        cls, path_or_dict: str | Path | Mapping[str, Any], *, seq_len: int | None = None
-    ) -> ModelSpec:
+    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *, seq_len: int | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a path, a directory holding one, or its dict).
 
         Families read by ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
@@ -491,7 +478,7 @@ class ModelSpec(BaseModel):
             path = Path(path_or_dict)
             if path.is_dir():
                 path = path / "config.json"
-            data = _read_json(path)
+            data = read_json(path)
             if not isinstance(data, Mapping):
                 raise SpecError(f"{path}: expected a JSON object, got {type(data).__name__}")
             cfg = data
@@ -505,7 +492,7 @@ class ModelSpec(BaseModel):
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
-            raise _to_spec_error(exc, where) from None
+            raise to_spec_error(exc, where) from None
 
     @classmethod
     def load(cls, ref: str | Path) -> ModelSpec:
@@ -523,7 +510,7 @@ class ModelSpec(BaseModel):
         if path.is_dir():
             return cls.from_hf_config(path)
         if path.is_file():
-            data = _read_json(path)
+            data = read_json(path)
             if _looks_like_hf_config(data):
                 return cls.from_hf_config(path)
             return cls.from_dict(data, where=str(path))
@@ -569,14 +556,9 @@ def _resolve_preset_id(name: str) -> str:
     raise UnknownEntryError(f"model={name!r} is not a known preset{hint}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load_preset(model_id: str) -> ModelSpec:
-    res = (
-        resources.files(_CATALOG_PACKAGE)
-        .joinpath("catalog")
-        .joinpath("models")
-        .joinpath(f"{model_id}.json")
-    )
+    res = resources.files(_CATALOG_PACKAGE).joinpath("catalog").joinpath("models").joinpath(f"{model_id}.json")
     where = f"model catalog entry {model_id!r}"
     try:
         data = json.loads(res.read_text(encoding="utf-8"))
@@ -586,34 +568,6 @@ def _load_preset(model_id: str) -> ModelSpec:
 
 
 # ---------------------------------------------------------------------- helpers
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SpecError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read: {exc}") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(f"{path}: invalid JSON: {exc}") from None
-
-
-def _to_spec_error(exc: ValidationError, where: str) -> SpecError:
-    """One line per pydantic error: ``field=value: message``."""
-    parts = []
-    for err in exc.errors():
-        msg = str(err.get("msg", "")).removeprefix("Value error, ")
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        if loc and err.get("type") == "extra_forbidden":
-            parts.append(f"{loc}: unknown field (typo?)")
-        elif loc:
-            parts.append(f"{loc}={err.get('input')!r}: {msg}")
-        else:
-            parts.append(msg)
-    return SpecError(f"{where}: " + "; ".join(parts))
 
 
 def _looks_like_hf_config(data: Any) -> bool:
@@ -700,10 +654,7 @@ class _HFReader:
     def check(self) -> None:
         if self.missing:
             model_type = self.cfg.get("model_type", "unknown")
-            raise SpecError(
-                f"{self.where}: missing key(s) for model_type={model_type!r}: "
-                + ", ".join(self.missing)
-            )
+            raise SpecError(f"{self.where}: missing key(s) for model_type={model_type!r}: " + ", ".join(self.missing))
 
 
 def _hf_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -752,11 +703,8 @@ def _hf_llama_like(r: _HFReader, model_type: str) -> dict[str, Any]:
         "activation": r.activation("hidden_activation", "hidden_act", default="silu"),
         "norm": NormType.RMSNORM,
         "position_embedding": PositionEmbedding.ROPE,
-        "tied_embeddings": bool(
-            r.opt("tie_word_embeddings", default=_HF_TIED_DEFAULT.get(model_type, False))
-        ),
-        "bias": bool(r.opt("attention_bias", default=False))
-        and bool(r.opt("mlp_bias", default=False)),
+        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=_HF_TIED_DEFAULT.get(model_type, False))),
+        "bias": bool(r.opt("attention_bias", default=False)) and bool(r.opt("mlp_bias", default=False)),
     }
     num_experts = r.opt("num_local_experts", "num_experts", default=1)
     if isinstance(num_experts, int) and num_experts > 1:
@@ -855,9 +803,7 @@ def _hf_falcon(r: _HFReader) -> dict[str, Any]:
         "gated_mlp": False,
         "activation": r.activation("activation", default="gelu"),
         "norm": NormType.LAYERNORM,
-        "position_embedding": (
-            PositionEmbedding.ALIBI if r.opt("alibi", default=False) else PositionEmbedding.ROPE
-        ),
+        "position_embedding": (PositionEmbedding.ALIBI if r.opt("alibi", default=False) else PositionEmbedding.ROPE),
         "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
         "bias": bool(r.opt("bias", default=False)),
     }

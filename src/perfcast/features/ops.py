@@ -28,35 +28,8 @@ from enum import Enum
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError
-from perfcast.features.dtypes import DType
-
-
-class OpType(str, Enum):
-    """The ``op`` column of the op table."""
-
-    MATMUL = "matmul"
-    BMM = "bmm"
-    LINEAR = "linear"
-    SOFTMAX = "softmax"
-    LAYERNORM = "layernorm"
-    RMSNORM = "rmsnorm"
-    ADD = "add"
-    MUL = "mul"
-    DIV = "div"
-    POW = "pow"
-    RELU = "relu"
-    GELU = "gelu"
-    SILU = "silu"
-    TANH = "tanh"
-    ATTENTION = "attention"
-    EMBEDDING = "embedding"
-    OPTIMIZER = "optimizer"
-    ALLREDUCE = "allreduce"
-    ALLGATHER = "allgather"
-    REDUCESCATTER = "reducescatter"
-    ALLTOALL = "alltoall"
-    SENDRECV = "sendrecv"
 
 
 class OpClass(str, Enum):
@@ -69,9 +42,7 @@ class OpClass(str, Enum):
 
 
 GEMM_OPS = frozenset({OpType.MATMUL, OpType.BMM, OpType.LINEAR})
-COLLECTIVE_OPS = frozenset(
-    {OpType.ALLREDUCE, OpType.ALLGATHER, OpType.REDUCESCATTER, OpType.ALLTOALL, OpType.SENDRECV}
-)
+COLLECTIVE_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.REDUCESCATTER, OpType.ALLTOALL, OpType.SENDRECV})
 BINARY_OPS = frozenset({OpType.ADD, OpType.MUL, OpType.DIV, OpType.POW})
 
 # FLOPs per element of the forward vector ops (rough, they are memory-bound everywhere).
@@ -122,8 +93,11 @@ def op_kinds(ops: pd.DataFrame) -> np.ndarray:
 
 def op_classes(kinds: np.ndarray) -> np.ndarray:
     """``OpClass`` value of each canonical op name."""
-    return np.array([op_class(OpType(k)).value for k in kinds], dtype=str).reshape(kinds.shape) if len(kinds) else \
-        np.array([], dtype=str)
+    return (
+        np.array([op_class(OpType(k)).value for k in kinds], dtype=str).reshape(kinds.shape)
+        if len(kinds)
+        else np.array([], dtype=str)
+    )
 
 
 def _col(ops: pd.DataFrame, name: str, default: float = 0.0) -> np.ndarray:

@@ -15,8 +15,8 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from perfcast.data.schema import DType
 from perfcast.errors import SpecError
-from perfcast.features.dtypes import DType
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 
@@ -67,7 +67,7 @@ class ParallelConfig(BaseModel):
     flash_attention: bool = True
 
     @model_validator(mode="after")
-    def _check_own_fields(self) -> "ParallelConfig":
+    def _check_own_fields(self) -> ParallelConfig:
         if self.global_batch % (self.dp * self.micro_batch):
             raise SpecError(
                 f"global_batch={self.global_batch} is not a multiple of "
@@ -118,9 +118,7 @@ def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpe
     if m.ffn_size % p.tp:
         raise SpecError(f"tp={p.tp} does not divide ffn_hidden_size={m.ffn_size}")
     if m.num_layers % (p.pp * p.vpp):
-        raise SpecError(
-            f"pp*vpp={p.pp}*{p.vpp}={p.pp * p.vpp} does not divide num_layers={m.num_layers}"
-        )
+        raise SpecError(f"pp*vpp={p.pp}*{p.vpp}={p.pp * p.vpp} does not divide num_layers={m.num_layers}")
     if p.vpp > 1 and p.num_microbatches % p.pp:
         raise SpecError(
             f"the interleaved schedule (vpp={p.vpp}) needs the number of microbatches "

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import DType
 from perfcast.features.collectives import collective_time_s
-from perfcast.features.dtypes import DType
 from perfcast.features.hardware import ClusterSpec, HardwareSpec
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_classes, op_flops, op_kinds, op_memory_bytes
 
@@ -25,7 +25,7 @@ def _peaks_flops(kinds: np.ndarray, dtypes: pd.Series, hw: HardwareSpec) -> np.n
     parsed = dtypes.map(DType.parse)
     cache: dict[tuple[bool, DType], float] = {}
     out = np.empty(len(kinds), dtype=float)
-    for i, (is_tensor, dtype) in enumerate(zip(tensor, parsed)):
+    for i, (is_tensor, dtype) in enumerate(zip(tensor, parsed, strict=False)):
         key = (bool(is_tensor), dtype)
         if key not in cache:
             tflops = hw.peak_tflops(dtype) if is_tensor else hw.vector_tflops(dtype)

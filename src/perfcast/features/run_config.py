@@ -22,18 +22,67 @@ from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import ParallelConfig, check_layout
 
 MODEL_FIELDS = (
-    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
-    "num_experts", "top_k", "gated_mlp", "head_dim", "tied_embeddings", "bias", "activation", "norm",
-    "position_embedding", "moe_ffn_hidden_size", "moe_layer_freq",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "seq_len",
+    "num_experts",
+    "top_k",
+    "gated_mlp",
+    "head_dim",
+    "tied_embeddings",
+    "bias",
+    "activation",
+    "norm",
+    "position_embedding",
+    "moe_ffn_hidden_size",
+    "moe_layer_freq",
 )
 PARALLEL_FIELDS = (
-    "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel", "zero_stage",
-    "recompute", "finetune", "lora_rank", "dtype", "flash_attention",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "micro_batch",
+    "global_batch",
+    "vpp",
+    "sequence_parallel",
+    "zero_stage",
+    "recompute",
+    "finetune",
+    "lora_rank",
+    "dtype",
+    "flash_attention",
 )
 _INT_FIELDS = {
-    "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
-    "num_experts", "top_k", "head_dim", "moe_ffn_hidden_size", "moe_layer_freq", "tp", "pp", "dp", "cp", "ep",
-    "micro_batch", "global_batch", "vpp", "zero_stage", "lora_rank", "num_gpus", "gpus_per_node",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "num_kv_heads",
+    "ffn_hidden_size",
+    "vocab_size",
+    "seq_len",
+    "num_experts",
+    "top_k",
+    "head_dim",
+    "moe_ffn_hidden_size",
+    "moe_layer_freq",
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "micro_batch",
+    "global_batch",
+    "vpp",
+    "zero_stage",
+    "lora_rank",
+    "num_gpus",
+    "gpus_per_node",
 }
 _BOOL_FIELDS = {"gated_mlp", "tied_embeddings", "bias", "sequence_parallel", "flash_attention"}
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
@@ -116,9 +165,7 @@ def parse_run_row(row: Mapping[str, Any]) -> RunConfig:
         model = _validate(ModelSpec, model_fields, "model")
 
     parallel_fields = _fields(row, PARALLEL_FIELDS)
-    parallel_fields.setdefault(
-        "global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1)
-    )
+    parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
     parallel = _validate(ParallelConfig, parallel_fields, "parallel")
 
     if "gpu" not in row or not _present(row["gpu"]):

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfcast.features.dtypes import DType
+from perfcast.data.schema import DType
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import Activation, ModelSpec, NormType
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType, op_flops, op_memory_bytes
@@ -79,14 +79,54 @@ class Group:
 
 
 NODE_COLUMNS = (
-    "node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat",
-    "op", "batch", "m", "n", "k", "rows", "cols", "scalar",
-    "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal", "backward",
-    "bytes", "n_ranks", "ranks_per_node", "dtype",
+    "node",
+    "name",
+    "scope",
+    "phase",
+    "stream",
+    "group",
+    "overlap_with",
+    "repeat",
+    "op",
+    "batch",
+    "m",
+    "n",
+    "k",
+    "rows",
+    "cols",
+    "scalar",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_kv",
+    "head_dim",
+    "causal",
+    "backward",
+    "bytes",
+    "n_ranks",
+    "ranks_per_node",
+    "dtype",
 )
 SHAPE_COLUMNS = (
-    "op", "batch", "m", "n", "k", "rows", "cols", "scalar", "heads", "kv_heads",
-    "seq_q", "seq_kv", "head_dim", "causal", "backward", "bytes", "n_ranks", "ranks_per_node", "dtype",
+    "op",
+    "batch",
+    "m",
+    "n",
+    "k",
+    "rows",
+    "cols",
+    "scalar",
+    "heads",
+    "kv_heads",
+    "seq_q",
+    "seq_kv",
+    "head_dim",
+    "causal",
+    "backward",
+    "bytes",
+    "n_ranks",
+    "ranks_per_node",
+    "dtype",
 )
 _CONJUGATE = {
     OpType.ALLGATHER: OpType.REDUCESCATTER,
@@ -166,9 +206,16 @@ class _Builder:
         stream = "comm" if op in COLLECTIVE_OPS else "compute"
         dtype = self.dtype if (op in GEMM_OPS or op is OpType.ATTENTION) else self.vector_dtype
         row: dict[str, Any] = {
-            "node": node, "name": name, "scope": scope, "phase": phase, "stream": stream,
-            "group": fields.pop("group", ""), "overlap_with": fields.pop("overlap_with", -1),
-            "repeat": fields.pop("repeat", 1), "op": op.value, "dtype": dtype.value,
+            "node": node,
+            "name": name,
+            "scope": scope,
+            "phase": phase,
+            "stream": stream,
+            "group": fields.pop("group", ""),
+            "overlap_with": fields.pop("overlap_with", -1),
+            "repeat": fields.pop("repeat", 1),
+            "op": op.value,
+            "dtype": dtype.value,
             "backward": fields.pop("backward", False),
         }
         row.update(fields)
@@ -181,8 +228,22 @@ class _Builder:
 
     def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
         nodes = pd.DataFrame(self.rows).reindex(columns=list(NODE_COLUMNS))
-        int_cols = ["batch", "m", "n", "k", "rows", "cols", "heads", "kv_heads", "seq_q", "seq_kv",
-                    "head_dim", "bytes", "n_ranks", "ranks_per_node"]
+        int_cols = [
+            "batch",
+            "m",
+            "n",
+            "k",
+            "rows",
+            "cols",
+            "heads",
+            "kv_heads",
+            "seq_q",
+            "seq_kv",
+            "head_dim",
+            "bytes",
+            "n_ranks",
+            "ranks_per_node",
+        ]
         nodes[int_cols] = nodes[int_cols].fillna(0).astype("int64")
         flags = ["scalar", "causal", "backward"]
         nodes[flags] = nodes[flags].astype("boolean").fillna(False).astype(bool)  # all-NaN columns are float
@@ -235,8 +296,16 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
     _add_pipeline_transfer(b, p, ctx, g, Phase.FORWARD)
     _add_backward(b, head_fwd, p)
     if ctx.tp > 1 and not ctx.sp:  # the LM head's input copy (Megatron's f): identity forward, all-reduce backward
-        b.add("head.tp_copy.bwd", Scope.LAST_STAGE, Phase.BACKWARD, OpType.ALLREDUCE, group=Group.TP,
-              bytes=ctx.tokens * ctx.hidden * ctx.act_bytes, n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
+        b.add(
+            "head.tp_copy.bwd",
+            Scope.LAST_STAGE,
+            Phase.BACKWARD,
+            OpType.ALLREDUCE,
+            group=Group.TP,
+            bytes=ctx.tokens * ctx.hidden * ctx.act_bytes,
+            n_ranks=ctx.tp,
+            ranks_per_node=ctx.tp_rpn,
+        )
     for fwd in (moe_fwd, dense_fwd):
         if fwd:
             _add_recompute(b, fwd, p)
@@ -273,8 +342,16 @@ def _gemm_op(model: ModelSpec, batch: int = 1) -> OpType:
 
 def _tp_collective(b: _Builder, name: str, scope: str, ctx: _Ctx, op: OpType) -> None:
     if ctx.tp > 1:
-        b.add(name, scope, Phase.FORWARD, op, group=Group.TP, bytes=ctx.tokens * ctx.hidden * ctx.act_bytes,
-              n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
+        b.add(
+            name,
+            scope,
+            Phase.FORWARD,
+            op,
+            group=Group.TP,
+            bytes=ctx.tokens * ctx.hidden * ctx.act_bytes,
+            n_ranks=ctx.tp,
+            ranks_per_node=ctx.tp_rpn,
+        )
 
 
 def _add_embedding_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
@@ -297,19 +374,37 @@ def _add_layer_forward(
     if ctx.sp:
         _tp_collective(b, "attn.tp_gather", scope, ctx, OpType.ALLGATHER)
     if p.zero_stage == 3 and p.dp * p.cp > 1:
-        layer_params = model.attention_params_per_layer + (model.moe_params_per_layer if moe else model.mlp_params_per_layer)
-        b.add("zero3.param_gather", scope, Phase.FORWARD, OpType.ALLGATHER, group=Group.DP,
-              bytes=layer_params // tp * _grad_bytes(p), n_ranks=p.dp * p.cp,
-              ranks_per_node=group_ranks_per_node(tp, p.dp * p.cp, gpus_per_node))
+        layer_params = model.attention_params_per_layer + (
+            model.moe_params_per_layer if moe else model.mlp_params_per_layer
+        )
+        b.add(
+            "zero3.param_gather",
+            scope,
+            Phase.FORWARD,
+            OpType.ALLGATHER,
+            group=Group.DP,
+            bytes=layer_params // tp * _grad_bytes(p),
+            n_ranks=p.dp * p.cp,
+            ranks_per_node=group_ranks_per_node(tp, p.dp * p.cp, gpus_per_node),
+        )
     qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
     if p.finetune is Finetune.LORA:
         _add_lora(b, scope, "attn.qkv", t, h, (heads + 2 * kv) * hd, p.lora_rank)
     attn_id = len(b.rows) + (1 if p.cp > 1 else 0)
     if p.cp > 1:
         kv_bytes = 2 * p.micro_batch * (model.seq_len // p.cp) * kv * hd * ctx.act_bytes
-        b.add("attn.cp_exchange", scope, Phase.FORWARD, OpType.ALLGATHER, chain=False, group=Group.CP,
-              overlap_with=attn_id, bytes=kv_bytes * p.cp, n_ranks=p.cp,
-              ranks_per_node=group_ranks_per_node(tp, p.cp, gpus_per_node))
+        b.add(
+            "attn.cp_exchange",
+            scope,
+            Phase.FORWARD,
+            OpType.ALLGATHER,
+            chain=False,
+            group=Group.CP,
+            overlap_with=attn_id,
+            bytes=kv_bytes * p.cp,
+            n_ranks=p.cp,
+            ranks_per_node=group_ranks_per_node(tp, p.cp, gpus_per_node),
+        )
         b.edges.append((qkv, len(b.rows) - 1))
         b.edges.append((len(b.rows) - 1, attn_id))
     _add_attention_core(b, scope, model, p, heads, kv)
@@ -343,8 +438,19 @@ def _add_attention_core(b: _Builder, scope: str, model: ModelSpec, p: ParallelCo
     """
     s_q, s_kv, hd = model.seq_len // p.cp, model.seq_len, model.head_size
     if p.flash_attention:
-        b.add("attn.core", scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=heads, kv_heads=kv,
-              seq_q=s_q, seq_kv=s_kv, head_dim=hd, causal=True)
+        b.add(
+            "attn.core",
+            scope,
+            Phase.FORWARD,
+            OpType.ATTENTION,
+            batch=p.micro_batch,
+            heads=heads,
+            kv_heads=kv,
+            seq_q=s_q,
+            seq_kv=s_kv,
+            head_dim=hd,
+            causal=True,
+        )
         return
     batch = p.micro_batch * heads
     b.add("attn.core.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=s_kv)
@@ -367,8 +473,16 @@ def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gp
     b.add("moe.router", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=model.num_experts)
     b.add("moe.router_softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=model.num_experts)
     if p.ep > 1:
-        b.add("moe.dispatch", scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP,
-              bytes=routed * h * ctx.act_bytes, n_ranks=p.ep, ranks_per_node=ep_rpn)
+        b.add(
+            "moe.dispatch",
+            scope,
+            Phase.FORWARD,
+            OpType.ALLTOALL,
+            group=Group.EP,
+            bytes=routed * h * ctx.act_bytes,
+            n_ranks=p.ep,
+            ranks_per_node=ep_rpn,
+        )
     gemm = _gemm_op(model, local)
     b.add("moe.up", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=h, n=f * (2 if model.gated_mlp else 1))
     b.add("moe.act", scope, Phase.FORWARD, _activation_op(model), rows=routed, cols=f)
@@ -376,8 +490,16 @@ def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gp
         b.add("moe.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=routed, cols=f)
     b.add("moe.down", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=f, n=h)
     if p.ep > 1:
-        b.add("moe.combine", scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP,
-              bytes=routed * h * ctx.act_bytes, n_ranks=p.ep, ranks_per_node=ep_rpn)
+        b.add(
+            "moe.combine",
+            scope,
+            Phase.FORWARD,
+            OpType.ALLTOALL,
+            group=Group.EP,
+            bytes=routed * h * ctx.act_bytes,
+            n_ranks=p.ep,
+            ranks_per_node=ep_rpn,
+        )
 
 
 def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> list[int]:
@@ -396,8 +518,17 @@ def _add_pipeline_transfer(b: _Builder, p: ParallelConfig, ctx: _Ctx, gpus_per_n
     if p.pp == 1:
         return
     same_node = p.tp * p.cp * p.dp < gpus_per_node
-    b.add(f"pp.{phase}_send", Scope.STAGE, phase, OpType.SENDRECV, group=Group.PP, repeat=p.vpp,
-          bytes=ctx.vec_rows * ctx.hidden * ctx.act_bytes, n_ranks=2, ranks_per_node=2 if same_node else 1)
+    b.add(
+        f"pp.{phase}_send",
+        Scope.STAGE,
+        phase,
+        OpType.SENDRECV,
+        group=Group.PP,
+        repeat=p.vpp,
+        bytes=ctx.vec_rows * ctx.hidden * ctx.act_bytes,
+        n_ranks=2,
+        ranks_per_node=2 if same_node else 1,
+    )
 
 
 def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
@@ -420,16 +551,38 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
         elif op in COLLECTIVE_OPS:
             comm = {k: row[k] for k in ("group", "n_ranks", "ranks_per_node")}
             if row["group"] == Group.CP:  # K/V and their gradients travel beside the attention backward
-                b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, chain=False, bytes=2 * row["bytes"],
-                      overlap_with=bwd_of[row["overlap_with"]], **comm)
+                b.add(
+                    f"{name}.bwd",
+                    scope,
+                    Phase.BACKWARD,
+                    op,
+                    chain=False,
+                    bytes=2 * row["bytes"],
+                    overlap_with=bwd_of[row["overlap_with"]],
+                    **comm,
+                )
                 b.edges.append((b.last, len(b.rows) - 1))
             elif name == "zero3.param_gather":  # weights are gathered again for the backward
                 b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, bytes=row["bytes"], **comm)
             else:
                 b.add(f"{name}.bwd", scope, Phase.BACKWARD, _CONJUGATE[op], bytes=row["bytes"], **comm)
         else:
-            shape = {k: row[k] for k in ("batch", "rows", "cols", "scalar", "heads", "kv_heads", "seq_q",
-                                         "seq_kv", "head_dim", "causal") if k in row}
+            shape = {
+                k: row[k]
+                for k in (
+                    "batch",
+                    "rows",
+                    "cols",
+                    "scalar",
+                    "heads",
+                    "kv_heads",
+                    "seq_q",
+                    "seq_kv",
+                    "head_dim",
+                    "causal",
+                )
+                if k in row
+            }
             b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, backward=True, **shape)
 
 
@@ -450,11 +603,26 @@ def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
 def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
     scope = Scope.FIRST_STAGE
     if ctx.sp:  # the reduce-scatter after the lookup turns into an all-gather
-        b.add("embedding.tp.bwd", scope, Phase.BACKWARD, OpType.ALLGATHER, group=Group.TP,
-              bytes=ctx.tokens * model.hidden_size * ctx.act_bytes, n_ranks=ctx.tp, ranks_per_node=ctx.tp_rpn)
+        b.add(
+            "embedding.tp.bwd",
+            scope,
+            Phase.BACKWARD,
+            OpType.ALLGATHER,
+            group=Group.TP,
+            bytes=ctx.tokens * model.hidden_size * ctx.act_bytes,
+            n_ranks=ctx.tp,
+            ranks_per_node=ctx.tp_rpn,
+        )
     if p.finetune is Finetune.FULL:
-        b.add("embedding.bwd", scope, Phase.BACKWARD, OpType.EMBEDDING, backward=True,
-              rows=ctx.tokens, cols=model.hidden_size)
+        b.add(
+            "embedding.bwd",
+            scope,
+            Phase.BACKWARD,
+            OpType.EMBEDDING,
+            backward=True,
+            rows=ctx.tokens,
+            cols=model.hidden_size,
+        )
 
 
 def _grad_bytes(p: ParallelConfig) -> int:
@@ -470,13 +638,15 @@ def trainable_params_per_rank(model: ModelSpec, p: ParallelConfig) -> tuple[int,
     """
     if p.finetune is Finetune.LORA:
         qkv_out = model.head_size * (model.num_heads + 2 * model.kv_heads)
-        per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (model.head_size * model.num_heads
-                                                                                 + model.hidden_size)
+        per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (
+            model.head_size * model.num_heads + model.hidden_size
+        )
         return per_layer * (model.num_layers // p.pp) // p.tp, 0
     layers = model.num_layers // p.pp
     moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
-    dense = (layers - moe_layers) * (model.attention_params_per_layer + model.mlp_params_per_layer
-                                     + model.norm_params_per_layer)
+    dense = (layers - moe_layers) * (
+        model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer
+    )
     moe_shared = moe_layers * (model.attention_params_per_layer + model.norm_params_per_layer)
     experts = moe_layers * model.moe_params_per_layer
     vocab_rows = padded_vocab_size(model, p.tp) * model.hidden_size
@@ -499,18 +669,50 @@ def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: Clu
         if ranks <= 1 or params == 0:
             continue
         if p.zero_stage == 0:
-            b.add(f"{group}.grad_allreduce", Scope.STEP, Phase.STEP, OpType.ALLREDUCE, group=group,
-                  bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+            b.add(
+                f"{group}.grad_allreduce",
+                Scope.STEP,
+                Phase.STEP,
+                OpType.ALLREDUCE,
+                group=group,
+                bytes=params * gb,
+                n_ranks=ranks,
+                ranks_per_node=rpn,
+            )
         else:
-            b.add(f"{group}.grad_reducescatter", Scope.STEP, Phase.STEP, OpType.REDUCESCATTER, group=group,
-                  bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+            b.add(
+                f"{group}.grad_reducescatter",
+                Scope.STEP,
+                Phase.STEP,
+                OpType.REDUCESCATTER,
+                group=group,
+                bytes=params * gb,
+                n_ranks=ranks,
+                ranks_per_node=rpn,
+            )
             if p.zero_stage < 3:
-                b.add(f"{group}.param_allgather", Scope.STEP, Phase.STEP, OpType.ALLGATHER, group=group,
-                      bytes=params * gb, n_ranks=ranks, ranks_per_node=rpn)
+                b.add(
+                    f"{group}.param_allgather",
+                    Scope.STEP,
+                    Phase.STEP,
+                    OpType.ALLGATHER,
+                    group=group,
+                    bytes=params * gb,
+                    n_ranks=ranks,
+                    ranks_per_node=rpn,
+                )
     if model.tied_embeddings and p.pp > 1 and p.finetune is Finetune.FULL:
         rpn = 2 if p.tp * p.cp * p.dp * (p.pp - 1) < g else 1
-        b.add("embedding.grad_sync", Scope.STEP, Phase.STEP, OpType.ALLREDUCE, group=Group.EMBEDDING,
-              bytes=padded_vocab_size(model, p.tp) // p.tp * model.hidden_size * gb, n_ranks=2, ranks_per_node=rpn)
+        b.add(
+            "embedding.grad_sync",
+            Scope.STEP,
+            Phase.STEP,
+            OpType.ALLREDUCE,
+            group=Group.EMBEDDING,
+            bytes=padded_vocab_size(model, p.tp) // p.tp * model.hidden_size * gb,
+            n_ranks=2,
+            ranks_per_node=rpn,
+        )
     shards = dp_ranks if p.zero_stage >= 1 else 1
     owned = dense // shards + (expert // max(1, edp_ranks if p.zero_stage >= 1 else 1))
     b.add("optimizer", Scope.STEP, Phase.STEP, OpType.OPTIMIZER, rows=1, cols=owned)

@@ -13,9 +13,9 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import PerfcastError, SpecError
-from perfcast.features.dtypes import DType
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.run_config import parse_run_row

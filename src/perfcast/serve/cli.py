@@ -11,7 +11,6 @@ import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import typer
@@ -48,7 +47,9 @@ def main(
 ) -> None:
     """perfcast: predict training performance before you run it."""
     _state["debug"] = debug
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 def _example(name: str) -> Path:
@@ -105,13 +106,24 @@ def _op_shape(row: pd.Series) -> str:
 
 
 STEP_COLUMNS: list[Column] = [
-    ("model", _model_name), ("gpu", _field("gpu")), ("gpus", _field("num_gpus")), ("layout", _layout),
-    ("step ms", _field("step_ms")), ("mem GiB", _field("peak_mem_gib")), ("fits", _field("fits_memory")),
-    ("MFU", _field("mfu")), ("tokens/s", _field("tokens_per_s")), ("error", _short_error),
+    ("model", _model_name),
+    ("gpu", _field("gpu")),
+    ("gpus", _field("num_gpus")),
+    ("layout", _layout),
+    ("step ms", _field("step_ms")),
+    ("mem GiB", _field("peak_mem_gib")),
+    ("fits", _field("fits_memory")),
+    ("MFU", _field("mfu")),
+    ("tokens/s", _field("tokens_per_s")),
+    ("error", _short_error),
 ]
 OP_COLUMNS_SHOWN: list[Column] = [
-    ("op", _field("op")), ("shape", _op_shape), ("dtype", _field("dtype")), ("gpu", _field("gpu")),
-    ("pred ms", _field("pred_ms")), ("error", _short_error),
+    ("op", _field("op")),
+    ("shape", _op_shape),
+    ("dtype", _field("dtype")),
+    ("gpu", _field("gpu")),
+    ("pred ms", _field("pred_ms")),
+    ("error", _short_error),
 ]
 
 
@@ -125,7 +137,7 @@ def _fmt(value: object) -> str:
     return "" if value is None else str(value)
 
 
-def _input(path: Optional[Path], example: str) -> Path:
+def _input(path: Path | None, example: str) -> Path:
     if path is not None:
         return path
     default = _example(example)
@@ -135,10 +147,16 @@ def _input(path: Optional[Path], example: str) -> Path:
 
 @predict_app.command("steps")
 def predict_steps(
-    input_path: Optional[Path] = typer.Argument(None, metavar="IN", help="Run table, CSV or Parquet (default: packaged example)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."),
+    input_path: Path | None = typer.Argument(
+        None, metavar="IN", help="Run table, CSV or Parquet (default: packaged example)."
+    ),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."
+    ),
     model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline + alpha-beta + schedule)."),
-    breakdown: bool = typer.Option(False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."),
+    breakdown: bool = typer.Option(
+        False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."
+    ),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict step time, peak memory, MFU and tokens/s of every config in a run table."""
@@ -158,8 +176,12 @@ def predict_steps(
 
 @predict_app.command("ops")
 def predict_ops(
-    input_path: Optional[Path] = typer.Argument(None, metavar="IN", help="Op table, CSV or Parquet (default: packaged example)."),
-    output: Path = typer.Option(..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."),
+    input_path: Path | None = typer.Argument(
+        None, metavar="IN", help="Op table, CSV or Parquet (default: packaged example)."
+    ),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."
+    ),
     model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline, alpha-beta collectives)."),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
@@ -188,8 +210,16 @@ def models_list() -> None:
         table.add_column(col)
     for name in list_models():
         m = ModelSpec.from_name(name)
-        table.add_row(name, str(m.num_layers), str(m.hidden_size), str(m.num_heads), str(m.kv_heads),
-                      str(m.ffn_size), str(m.num_experts), f"{m.num_params / 1e9:.2f}")
+        table.add_row(
+            name,
+            str(m.num_layers),
+            str(m.hidden_size),
+            str(m.num_heads),
+            str(m.kv_heads),
+            str(m.ffn_size),
+            str(m.num_experts),
+            f"{m.num_params / 1e9:.2f}",
+        )
     _out.print(table)
 
 

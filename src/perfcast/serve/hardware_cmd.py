@@ -104,7 +104,7 @@ def list_command(
     headers = [header for header, _ in LIST_COLUMNS]
     if fmt is ListFormat.JSON:
         keys = [attr for _, attr in LIST_COLUMNS]
-        records = [dict(zip(keys, row.values())) for row in rows]
+        records = [dict(zip(keys, row.values(), strict=False)) for row in rows]
         typer.echo(json.dumps(records, indent=2))
     elif fmt is ListFormat.CSV:
         buf = io.StringIO()

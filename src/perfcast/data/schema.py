@@ -1,8 +1,41 @@
-"""Numeric formats of training and their storage sizes."""
+"""The vocabularies of the op and run tables: op names and numeric formats.
+
+These enums are part of the table schemas (DESIGN.md, "Interfaces"): readers validate
+records against them, and the features layer gives them their physical meaning.
+"""
 
 from __future__ import annotations
 
 from enum import Enum
+
+from perfcast.errors import SpecError
+
+
+class OpType(str, Enum):
+    """The ``op`` column of the op table."""
+
+    MATMUL = "matmul"
+    BMM = "bmm"
+    LINEAR = "linear"
+    SOFTMAX = "softmax"
+    LAYERNORM = "layernorm"
+    RMSNORM = "rmsnorm"
+    ADD = "add"
+    MUL = "mul"
+    DIV = "div"
+    POW = "pow"
+    RELU = "relu"
+    GELU = "gelu"
+    SILU = "silu"
+    TANH = "tanh"
+    ATTENTION = "attention"
+    EMBEDDING = "embedding"
+    OPTIMIZER = "optimizer"
+    ALLREDUCE = "allreduce"
+    ALLGATHER = "allgather"
+    REDUCESCATTER = "reducescatter"
+    ALLTOALL = "alltoall"
+    SENDRECV = "sendrecv"
 
 
 class DType(str, Enum):
@@ -24,14 +57,12 @@ class DType(str, Enum):
         return _BYTES[self]
 
     @classmethod
-    def parse(cls, value: "str | DType") -> "DType":
+    def parse(cls, value: str | DType) -> DType:
         """Read a dtype from its table spelling, or a torch name like ``float32``.
 
         Raises:
             SpecError: naming the value and the allowed spellings.
         """
-        from perfcast.errors import SpecError
-
         if isinstance(value, DType):
             return value
         key = str(value).strip().lower().removeprefix("torch.")
