@@ -55,6 +55,7 @@ def test_fixture_maps_to_run_table(tmp_path: Path) -> None:
         *RUN_COLUMNS,
         "tied_embeddings",
         "flash_attention",
+        "timing_scope",
         "measured_step_ms",
         "source",
         "setting",

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
 from perfcast.errors import PerfcastError
+from perfcast.serve.data_cmd import data_app
 from perfcast.serve.hardware_cmd import hardware_app
 
 EXIT_USER_ERROR = 2
@@ -34,6 +35,7 @@ models_app = typer.Typer(help="Browse the model presets.", no_args_is_help=True)
 app.add_typer(predict_app, name="predict")
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(models_app, name="models")
+app.add_typer(data_app, name="data")
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)

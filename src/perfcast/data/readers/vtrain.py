@@ -176,7 +176,7 @@ def _rejection_reasons(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.S
     return pd.Series(reasons, index=raw.index, dtype="object")
 
 
-_EXTRA_RUN_COLUMNS = ("tied_embeddings", "flash_attention")
+_EXTRA_RUN_COLUMNS = ("tied_embeddings", "flash_attention", "timing_scope")
 
 
 def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) -> pd.DataFrame:
@@ -208,6 +208,7 @@ def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) ->
             "dtype": VTRAIN_DTYPE,
             "tied_embeddings": True,
             "flash_attention": False,
+            "timing_scope": "step",
             "gpu": VTRAIN_GPU,
             "num_gpus": n["num_gpus"],
             "gpus_per_node": np.minimum(n["gpus_per_node_in_config"], n["num_gpus"]),
@@ -220,3 +221,107 @@ def _run_rows(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.Series) ->
     )
     ordered = [*RUN_COLUMNS, *_EXTRA_RUN_COLUMNS, RUN_MEASURED_COLUMN, *PROVENANCE_COLUMNS]
     return out[ordered].reset_index(drop=True)
+
+
+NCCL_GPUS: dict[str, str] = {"A100": VTRAIN_GPU, "V100": "NVIDIA V100-SXM2-32GB"}
+"""vTrain's nccl-tests GPU names -> device names or catalog ids (see :func:`read_vtrain_nccl`)."""
+
+NCCL_COLLECTIVES: dict[str, str] = {"all_reduce": "allreduce"}
+"""nccl-tests collective names in the file -> op-table ops."""
+
+_NCCL_NUMERIC = (
+    "n_gpus",
+    "size_bytes",
+    "count",
+    "time_us_out_of_place",
+    "busbw_GBps_out_of_place",
+    "time_us_in_place",
+    "busbw_GBps_in_place",
+)
+NCCL_REQUIRED_COLUMNS: tuple[str, ...] = ("gpu", "collective", "dtype", *_NCCL_NUMERIC, "source_path")
+"""Columns of ``vtrain_nccl_allreduce.csv.gz`` :func:`read_vtrain_nccl` needs."""
+
+_NCCL_DTYPES = {"float": "fp32", "float32": "fp32", "half": "fp16", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def read_vtrain_nccl(path: str | Path) -> ReadResult:
+    """Read vTrain's nccl-tests all-reduce tables into op-table rows (one record per source row).
+
+    Source: ``trace/{a100,v100}/AR_GPU{2..8}_1M_1024M_LUT`` of the vTrain repo, i.e. nccl-tests
+    ``all_reduce_perf`` on float (fp32) buffers of 1 MiB-1 GiB over 2-8 GPUs of **one node**,
+    as ``vtrain_nccl_allreduce.csv.gz`` (``../shared/data``, README section 2). nccl-tests
+    reports the average time per iteration over its timed iterations; the extraction converted
+    ns to us, and this reader converts us to ms (/1000).
+
+    Mapping: ``op = allreduce``, ``bytes = size_bytes``, ``n_ranks = n_gpus``,
+    ``ranks_per_node = n_gpus`` (single node), ``dtype = fp32`` (nccl-tests ``float``),
+    ``measured_ms = time_us_out_of_place / 1000`` (the out-of-place run, separate send and
+    receive buffers, as in a gradient all-reduce into a bucket copy), and
+    ``measured_in_place_ms = time_us_in_place / 1000``. GPUs (:data:`NCCL_GPUS`): ``A100`` ->
+    :data:`VTRAIN_GPU`, the same catalog id as the iteration-time reader (the 8-GPU busbw of
+    229 GB/s is NVSwitch-class, i.e. SXM4); ``V100`` -> "NVIDIA V100-SXM2-32GB", an NVLink node
+    (DGX-1 class): the 8-GPU busbw reaches 135 GB/s, far above what PCIe allows. The V100
+    memory size (16 vs 32 GB) is not stated and does not affect collective times.
+
+    Args:
+        path: ``vtrain_nccl_allreduce.csv.gz`` (or a table with its columns).
+
+    Returns:
+        ``records``: ``op, bytes, n_ranks, ranks_per_node, dtype, gpu, backward`` (False),
+        ``measured_ms``, ``measured_in_place_ms``, ``busbw_gbps_out_of_place``,
+        ``busbw_gbps_in_place`` (GB/s as nccl-tests prints), ``n_elements`` (nccl-tests
+        ``count``), ``source`` (``"vtrain:<file in the vTrain repo>"``) and ``device_name``.
+        ``rejected``: rows with an unknown collective or dtype, or a missing, non-numeric or
+        non-positive size, rank count or out-of-place time, with a ``reason`` column.
+
+    Raises:
+        DatasetError: the file cannot be read or lacks required columns (named).
+    """
+    raw = read_table(path)
+    missing = [c for c in NCCL_REQUIRED_COLUMNS if c not in raw.columns]
+    if missing:
+        raise DatasetError(f"{path}: missing required vTrain nccl columns: {', '.join(missing)}")
+    num = raw[list(_NCCL_NUMERIC)].apply(pd.to_numeric, errors="coerce").astype("float64")
+    collective = raw["collective"].astype("string").str.strip().str.lower().fillna("")
+    dtype = raw["dtype"].astype("string").str.strip().str.lower().map(_NCCL_DTYPES)
+    checks: list[tuple[pd.Series, str | pd.Series]] = [
+        (~collective.isin(NCCL_COLLECTIVES), "collective" + collective.map(lambda v: f"={v!r} is not all_reduce")),
+        (dtype.isna(), "dtype is not a known nccl-tests type (float, half, bfloat16)"),
+    ]
+    for col in ("n_gpus", "size_bytes"):
+        value = num[col]
+        checks.append((value.isna() | (value <= 0) | (value != np.round(value)), f"{col} is not a positive integer"))
+    time = num["time_us_out_of_place"]
+    checks.append((~(np.isfinite(time) & (time > 0)), "time_us_out_of_place is not a positive number"))
+    reasons = np.full(len(raw), "", dtype=object)
+    for mask, text in checks:
+        hit = mask.to_numpy(dtype=bool)
+        why = text.to_numpy(dtype=object)[hit] if isinstance(text, pd.Series) else text
+        reasons[hit] = np.where(reasons[hit] == "", why, reasons[hit] + "; " + why)
+    ok = reasons == ""
+    if not ok.all():
+        logger.warning("%s: rejected %d of %d rows", path, int((~ok).sum()), len(raw))
+    good, n = raw[ok], num[ok]
+    device = good["gpu"].astype(str).str.strip()
+    in_place = n["time_us_in_place"] / 1000.0
+    records = pd.DataFrame(
+        {
+            "op": collective[ok].map(NCCL_COLLECTIVES),
+            "bytes": n["size_bytes"].round().astype("Int64"),
+            "n_ranks": n["n_gpus"].round().astype("Int64"),
+            "ranks_per_node": n["n_gpus"].round().astype("Int64"),
+            "dtype": dtype[ok],
+            "gpu": device.map(lambda v: NCCL_GPUS.get(v, v)),
+            "backward": False,
+            "measured_ms": n["time_us_out_of_place"] / 1000.0,
+            "measured_in_place_ms": in_place.where(in_place > 0),
+            "busbw_gbps_out_of_place": n["busbw_GBps_out_of_place"],
+            "busbw_gbps_in_place": n["busbw_GBps_in_place"],
+            "n_elements": n["count"].round().astype("Int64"),
+            "source": SOURCE_NAME + ":" + good["source_path"].astype(str),
+            "device_name": device,
+        },
+        index=good.index,
+    ).reset_index(drop=True)
+    rejected = raw[~ok].assign(**{REASON_COLUMN: reasons[~ok]}).reset_index(drop=True)
+    return ReadResult(records=records, rejected=rejected)
