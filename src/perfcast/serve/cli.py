@@ -21,6 +21,7 @@ from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
 from perfcast.errors import PerfcastError
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.hardware_cmd import hardware_app
+from perfcast.serve.profile_cmd import profile_command
 
 EXIT_USER_ERROR = 2
 ERROR_PREVIEW_CHARS = 48
@@ -36,6 +37,7 @@ app.add_typer(predict_app, name="predict")
 app.add_typer(hardware_app, name="hardware")
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
+app.command("profile")(profile_command)
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)
