@@ -46,6 +46,9 @@ OP_COLUMNS: tuple[str, ...] = (
 )
 """Input columns of the op table, in DESIGN.md order (a row uses those its op needs)."""
 
+OP_SHAPE_COLUMNS: tuple[str, ...] = (*(c for c in OP_COLUMNS if c != "gpu"), "backward")
+"""What identifies an op apart from its device: the op-table inputs less ``gpu``, plus ``backward``."""
+
 OP_MEASURED_COLUMN = "measured_ms"
 """Optional measured op time of the op table, ms."""
 

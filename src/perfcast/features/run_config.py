@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from perfcast.data.schema import RUN_BOOL_COLUMNS, RUN_INT_COLUMNS
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
@@ -58,33 +59,8 @@ PARALLEL_FIELDS = (
     "dtype",
     "flash_attention",
 )
-_INT_FIELDS = {
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "num_kv_heads",
-    "ffn_hidden_size",
-    "vocab_size",
-    "seq_len",
-    "num_experts",
-    "top_k",
-    "head_dim",
-    "moe_ffn_hidden_size",
-    "moe_layer_freq",
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "ep",
-    "micro_batch",
-    "global_batch",
-    "vpp",
-    "zero_stage",
-    "lora_rank",
-    "num_gpus",
-    "gpus_per_node",
-}
-_BOOL_FIELDS = {"gated_mlp", "tied_embeddings", "bias", "sequence_parallel", "flash_attention"}
+_INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
+_BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"0", "0.0", "false", "no", "n", "f"}
 

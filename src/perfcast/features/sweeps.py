@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.schema import DType, OpType
+from perfcast.data.tables import OP_SHAPE_COLUMNS
 from perfcast.errors import SpecError
 from perfcast.features.model import ModelSpec, NormType
 from perfcast.features.parallel import padded_vocab_size
@@ -104,27 +105,7 @@ MIN_ROWS = 64
 SPREAD_ROWS = 1024
 """Rows per family ordered by farthest-point sampling; the rest follow in a seeded shuffle."""
 
-KEY_COLUMNS: tuple[str, ...] = (
-    "op",
-    "batch",
-    "m",
-    "n",
-    "k",
-    "rows",
-    "cols",
-    "scalar",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "causal",
-    "bytes",
-    "n_ranks",
-    "ranks_per_node",
-    "dtype",
-    "backward",
-)
+KEY_COLUMNS: tuple[str, ...] = OP_SHAPE_COLUMNS
 """Columns that identify a row: its ``key`` hashes them."""
 _INT_COLUMNS = tuple(c for c in KEY_COLUMNS if c not in ("op", "dtype", "scalar", "causal", "backward"))
 _BOOL_COLUMNS = ("scalar", "causal", "backward")

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.schema import DType
+from perfcast.data.tables import OP_SHAPE_COLUMNS
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import Activation, ModelSpec, NormType
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType, op_flops, op_memory_bytes
@@ -78,56 +79,8 @@ class Group:
     EMBEDDING = "emb"
 
 
-NODE_COLUMNS = (
-    "node",
-    "name",
-    "scope",
-    "phase",
-    "stream",
-    "group",
-    "overlap_with",
-    "repeat",
-    "op",
-    "batch",
-    "m",
-    "n",
-    "k",
-    "rows",
-    "cols",
-    "scalar",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "causal",
-    "backward",
-    "bytes",
-    "n_ranks",
-    "ranks_per_node",
-    "dtype",
-)
-SHAPE_COLUMNS = (
-    "op",
-    "batch",
-    "m",
-    "n",
-    "k",
-    "rows",
-    "cols",
-    "scalar",
-    "heads",
-    "kv_heads",
-    "seq_q",
-    "seq_kv",
-    "head_dim",
-    "causal",
-    "backward",
-    "bytes",
-    "n_ranks",
-    "ranks_per_node",
-    "dtype",
-)
+SHAPE_COLUMNS = OP_SHAPE_COLUMNS
+NODE_COLUMNS = ("node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat", *SHAPE_COLUMNS)
 _CONJUGATE = {
     OpType.ALLGATHER: OpType.REDUCESCATTER,
     OpType.REDUCESCATTER: OpType.ALLGATHER,
