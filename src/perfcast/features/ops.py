@@ -115,7 +115,7 @@ def _flag(ops: pd.DataFrame, name: str) -> np.ndarray:
 def _truthy(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"1", "true", "yes", "y", "t"}
-    if value is None or (isinstance(value, float) and np.isnan(value)):
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return False
     return bool(value)
 

@@ -75,13 +75,30 @@ def predict_step(config: RunConfig, *, overlap_grad_reduce: bool = False) -> Ste
     )
 
 
-def predict_op_times(ops: pd.DataFrame, clusters: list[ClusterSpec]) -> np.ndarray:
-    """Analytic time of each op-table row on its own cluster (row-aligned ``clusters``), ms."""
-    out = np.empty(len(ops), dtype=float)
-    keys = [(c.gpu.id, c.num_gpus, c.gpus_per_node) for c in clusters]
-    groups: dict[tuple[str, int, int], list[int]] = {}
-    for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    for rows in groups.values():
-        out[rows] = op_time_ms(ops.iloc[rows], clusters[rows[0]])
-    return out
+class AnalyticOpPredictor:
+    """Op times from the roofline and alpha-beta collectives on catalog clusters (no interval)."""
+
+    name = NAME
+
+    def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(pred, lo, hi) in ms for checked op-table rows; lo and hi are NaN.
+
+        Each row runs on the catalog cluster of its ``gpu`` with ``n_ranks`` ranks,
+        ``ranks_per_node`` per node (compute rows: one GPU).
+        """
+        ranks = pd.to_numeric(ops.get("n_ranks"), errors="coerce") if "n_ranks" in ops else None
+        rpn = pd.to_numeric(ops.get("ranks_per_node"), errors="coerce") if "ranks_per_node" in ops else None
+        out = np.full(len(ops), np.nan)
+        keys = pd.DataFrame(
+            {
+                "gpu": ops["gpu"].astype(str).to_numpy(),
+                "n": (ranks.fillna(1).clip(lower=1) if ranks is not None else pd.Series(1, index=ops.index)).to_numpy(),
+                "rpn": (rpn.fillna(0) if rpn is not None else pd.Series(0, index=ops.index)).to_numpy(),
+            }
+        )
+        for (gpu, n, per_node), positions in keys.groupby(["gpu", "n", "rpn"]).indices.items():
+            cluster = ClusterSpec.build(gpu, int(n), int(per_node) or None)
+            rows = ops.iloc[positions].assign(ranks_per_node=cluster.gpus_per_node, n_ranks=int(n))
+            out[positions] = op_time_ms(rows, cluster)
+        nan = np.full(len(ops), np.nan)
+        return out, nan, nan.copy()

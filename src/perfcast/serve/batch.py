@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -16,14 +17,26 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import PerfcastError, SpecError
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.run_config import parse_run_row
 from perfcast.models import analytic
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_COVERAGE = 0.9
+
 ProgressFn = Callable[[int], None]
+
+
+class OpPredictor(Protocol):
+    """What batch op prediction needs: a name and (pred, lo, hi) in ms for checked rows."""
+
+    name: str
+
+    def predict_ops(self, ops: pd.DataFrame, *, coverage: float = DEFAULT_COVERAGE) -> tuple[Any, Any, Any]: ...
+
+
 """Called with the number of rows just finished."""
 
 
@@ -102,8 +115,8 @@ _OP_SHAPE_FIELDS = {
 }
 
 
-def _op_row_cluster(row: pd.Series) -> ClusterSpec:
-    """Check one op row and return the cluster it runs on (one GPU, or the collective's group)."""
+def check_op_row(row: pd.Series) -> None:
+    """Check one op-table row: known op and dtype, positive shape, a catalog GPU with the needed peak."""
     op = parse_op(row.get("op"))
     dtype = DType.parse(row.get("dtype", "bf16") if pd.notna(row.get("dtype", "bf16")) else "bf16")
     for field in _OP_SHAPE_FIELDS[op_class(op)]:
@@ -114,48 +127,54 @@ def _op_row_cluster(row: pd.Series) -> ClusterSpec:
     if gpu is None or (isinstance(gpu, float) and np.isnan(gpu)):
         raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
     if op in COLLECTIVE_OPS:
-        n = int(row["n_ranks"])
         rpn = pd.to_numeric(row.get("ranks_per_node"), errors="coerce")
-        rpn = int(rpn) if np.isfinite(rpn) and rpn > 0 else None
-        return ClusterSpec.build(str(gpu), n, rpn)
-    cluster = ClusterSpec.build(str(gpu), 1)
+        ClusterSpec.build(str(gpu), int(row["n_ranks"]), int(rpn) if np.isfinite(rpn) and rpn > 0 else None)
+        return
+    hw = HardwareSpec.from_name(str(gpu))
     # the catalog may lack the figure this op needs (bf16 on a V100, H100 NVL's empty peaks)
     if op_class(op) is OpClass.VECTOR:
-        cluster.gpu.vector_tflops(dtype)
+        hw.vector_tflops(dtype)
     else:
-        cluster.gpu.peak_tflops(dtype)
-    return cluster
+        hw.peak_tflops(dtype)
 
 
 def predict_ops_table(
-    ops: pd.DataFrame, *, model: str = analytic.NAME, progress: ProgressFn | None = None
+    ops: pd.DataFrame,
+    *,
+    predictor: OpPredictor | None = None,
+    coverage: float = DEFAULT_COVERAGE,
+    progress: ProgressFn | None = None,
 ) -> pd.DataFrame:
     """Predict every row of an op table.
 
+    Args:
+        ops: op-table rows (DESIGN.md "Interfaces").
+        predictor: the op predictor (default: the analytic one).
+        coverage: nominal coverage of the interval, in (0, 1).
+        progress: called with the number of rows finished.
+
     Returns:
         The input rows, in order, with ``pred_ms``, ``pred_lo_ms``, ``pred_hi_ms`` (NaN
-        for the analytic model, which has no interval) and ``error`` added.
+        when the predictor has no interval) and ``error`` added.
     """
-    _check_model_name(model)
+    if not 0.0 < coverage < 1.0:
+        raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
+    predictor = predictor or analytic.AnalyticOpPredictor()
     out = _error_frame(ops, OP_OUTPUT_COLUMNS)
-    clusters: list[ClusterSpec] = []
     good: list[int] = []
     for pos, (_, row) in enumerate(ops.iterrows()):
         try:
-            clusters.append(_op_row_cluster(row))
+            check_op_row(row)
             good.append(pos)
         except PerfcastError as exc:
             out.iat[pos, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
     if good:
         rows = ops.iloc[good].copy()
-        if "dtype" not in rows:
-            rows["dtype"] = DType.BF16.value
-        rows["dtype"] = rows["dtype"].fillna(DType.BF16.value)
-        for col in ("n_ranks", "ranks_per_node", "bytes"):
-            if col not in rows:
-                rows[col] = 0
-        rows["ranks_per_node"] = [c.gpus_per_node for c in clusters]
-        out.iloc[good, out.columns.get_loc("pred_ms")] = analytic.predict_op_times(rows, clusters)
+        rows["dtype"] = rows["dtype"].fillna(DType.BF16.value) if "dtype" in rows else DType.BF16.value
+        rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
+        pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
+        for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
+            out.iloc[good, out.columns.get_loc(col)] = values
     if progress is not None:
         progress(len(ops))
     return out

@@ -22,6 +22,7 @@ from perfcast.errors import PerfcastError
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.hardware_cmd import hardware_app
 from perfcast.serve.profile_cmd import profile_command
+from perfcast.serve.train_cmd import train_app
 
 EXIT_USER_ERROR = 2
 ERROR_PREVIEW_CHARS = 48
@@ -38,6 +39,7 @@ app.add_typer(hardware_app, name="hardware")
 app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
 app.command("profile")(profile_command)
+app.add_typer(train_app, name="train")
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)
@@ -127,6 +129,8 @@ OP_COLUMNS_SHOWN: list[Column] = [
     ("dtype", _field("dtype")),
     ("gpu", _field("gpu")),
     ("pred ms", _field("pred_ms")),
+    ("lo", _field("pred_lo_ms")),
+    ("hi", _field("pred_hi_ms")),
     ("error", _short_error),
 ]
 
@@ -183,22 +187,25 @@ def predict_ops(
     input_path: Path | None = typer.Argument(
         None, metavar="IN", help="Op table, CSV or Parquet (default: packaged example)."
     ),
-    output: Path = typer.Option(
-        ..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."
+    output: Path = typer.Option(..., "-o", "--output", help="Predictions file (.csv, .csv.gz, .parquet)."),
+    model: str | None = typer.Option(
+        None, "--model", help="'analytic', a bundle folder or an MLflow URI (models:/NAME/VERSION); default: shipped."
     ),
-    model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline, alpha-beta collectives)."),
+    coverage: float = typer.Option(0.9, "--coverage", help="Nominal coverage of the interval pred_lo_ms..pred_hi_ms."),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
-    """Predict the time of every op in an op table."""
+    """Predict the time of every op in an op table, with an interval."""
     from perfcast.serve.batch import predict_ops_table
+    from perfcast.serve.predictors import load_op_predictor
 
     def run() -> None:
         ops = read_table(_input(input_path, "ops.csv"))
-        result = predict_ops_table(ops, model=model)
+        predictor = load_op_predictor(model)
+        result = predict_ops_table(ops, predictor=predictor, coverage=coverage)
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({model})", show)
+            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({predictor.name})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)

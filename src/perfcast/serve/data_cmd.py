@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import pandas as pd
 import typer
@@ -47,7 +46,7 @@ def _how_measured(loaded: list[LoadedSource]) -> str:
     return "; ".join(descriptions) + " (see the reader's module docstring for the statistic and units)"
 
 
-def _import(paths: list[Path], output: Path, reader: Optional[str], name: Optional[str], **options: object) -> None:
+def _import(paths: list[Path], output: Path, reader: str | None, name: str | None, **options: object) -> None:
     loaded = [read_source(p, reader=reader, resolve_gpu=resolve_gpu_name, **options) for p in paths]
     kinds = {src.kind for src in loaded}
     tables = {kind: pd.concat([s.records for s in loaded if s.kind == kind], ignore_index=True) for kind in kinds}
@@ -70,11 +69,11 @@ def _import(paths: list[Path], output: Path, reader: Optional[str], name: Option
 def import_command(
     paths: list[Path] = typer.Argument(..., help="Source files (CSV, .csv.gz, trace JSON, .sqlite, .log)."),
     output: Path = typer.Option(..., "-o", "--output", help="Dataset folder to write (replaced atomically)."),
-    reader: Optional[str] = typer.Option(None, "--reader", help="Reader name (default: from the file name)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Dataset name (default: the folder name)."),
-    device: Optional[str] = typer.Option(None, "--device", help="Device of a torch trace, as torch prints it."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU of a Megatron/NeMo log run."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="Compute dtype of an Nsight Systems export."),
+    reader: str | None = typer.Option(None, "--reader", help="Reader name (default: from the file name)."),
+    name: str | None = typer.Option(None, "--name", help="Dataset name (default: the folder name)."),
+    device: str | None = typer.Option(None, "--device", help="Device of a torch trace, as torch prints it."),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU of a Megatron/NeMo log run."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Compute dtype of an Nsight Systems export."),
 ) -> None:
     """Read source files into one checked dataset folder."""
     _guard(lambda: _import(paths, output, reader, name, device=device, gpu=gpu, dtype=dtype))
@@ -148,7 +147,7 @@ def show_command(path: Path = typer.Argument(..., help="A dataset folder.")) -> 
 @data_app.command("validate")
 def validate_command(
     path: Path = typer.Argument(..., help="A dataset folder, or an op/run table file (CSV or Parquet)."),
-    kind: Optional[str] = typer.Option(None, "--kind", help="ops or runs, for a table file (default: guessed)."),
+    kind: str | None = typer.Option(None, "--kind", help="ops or runs, for a table file (default: guessed)."),
 ) -> None:
     """Check a dataset (card, hashes, every record) or a record table; exit 2 when invalid."""
 

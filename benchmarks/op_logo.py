@@ -1,0 +1,88 @@
+"""Leave-one-GPU-out accuracy of the op predictor beside both baselines, and its training time.
+
+Reads the public kernel data in ``../shared/data`` (NeuSight fp32 GEMM and vector kernels
+on 8 GPUs; optionally Vidur's fp16 layer ops and DeepBench GEMMs), holds out each GPU in
+turn, and writes ``benchmarks/results/op_logo.{json,md}``: per held-out GPU and class,
+MAPE, median and p90 APE of the model and of the two baselines, the coverage and relative
+width of the 90% interval, the medians over GPUs, and the time to fit on all rows
+(median of ``--repeats``).
+
+Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import pandas as pd
+
+from perfcast.data.sources import get_reader, read_source
+from perfcast.features.hardware import resolve_gpu_name
+from perfcast.features.op_features import featurize_ops
+from perfcast.models.op_model import OpTimeRegressor
+from perfcast.training.evaluate import evaluate_logo, evaluation_class, markdown_table
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results"
+FILES = {
+    "neusight-gemm": "neusight_kernels_gemm.csv.gz",
+    "neusight-vector": "neusight_kernels_vector.csv.gz",
+    "vidur-ops": "vidur_llm_layer_ops.csv.gz",
+    "deepbench-gemm": "deepbench_gemm.csv",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    parser.add_argument("--sources", default="neusight-gemm,neusight-vector")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+
+    frames = []
+    for name in args.sources.split(","):
+        get_reader(name)
+        frames.append(read_source(args.data / FILES[name], reader=name, resolve_gpu=resolve_gpu_name).records)
+    records = pd.concat(frames, ignore_index=True)
+    records = records[featurize_ops(records)["op_class"].to_numpy() != "collective"].reset_index(drop=True)
+    y = records["measured_ms"].to_numpy(dtype=float)
+    classes = evaluation_class(records, featurize_ops(records)["op_class"])
+
+    start = time.perf_counter()
+    logo = evaluate_logo(records, y, make_model=OpTimeRegressor, eval_class=classes,
+                         progress=lambda gpu: print(f"holding out {gpu}", flush=True))  # fmt: skip
+    logo_s = time.perf_counter() - start
+    fit_s = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        OpTimeRegressor().fit(records, y)
+        fit_s.append(time.perf_counter() - start)
+
+    summary = logo.summary().reset_index()
+    result = {
+        "sources": args.sources.split(","),
+        "rows": len(records),
+        "gpus": sorted(records["gpu"].unique()),
+        "per_gpu": logo.table.to_dict("records"),
+        "median_over_gpus": summary.to_dict("records"),
+        "fit_all_rows_s_median": statistics.median(fit_s),
+        "logo_total_s": logo_s,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "op_logo.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    text = (
+        f"# Op predictor, leave-one-GPU-out ({', '.join(result['sources'])}; {len(records)} rows)\n\n"
+        "Command: `.venv/bin/python benchmarks/op_logo.py`\n\n"
+        + markdown_table(logo)
+        + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
+    )
+    (OUT / "op_logo.md").write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,320 @@
+"""Saved op predictors: a directory with a manifest and XGBoost native models, no pickles.
+
+Layout::
+
+    manifest.json      versions, FeatureSpec version, catalog and dataset hashes, metrics,
+                       each model's class, files, hyperparameters and fitted scalars
+    op_<class>.ubj     one booster per op class of the OpTimeRegressor (gemm, vector, ...)
+    collective.ubj     the CollectiveTimeRegressor's booster (when one is saved)
+
+A model takes part through one of two hooks:
+
+* ``model._save_to(directory) -> dict`` (writes its files, returns JSON-able metadata) and
+  the classmethod ``Model._load_from(directory, meta) -> model``;
+* ``model.to_dict() -> dict`` / ``Model.from_dict(dict)`` plus a ``booster_`` attribute,
+  which the bundle writes as ``collective.ubj`` (``op.ubj`` for an op model) and restores.
+
+:func:`load_bundle` refuses a bundle written under another FeatureSpec version, a missing
+file or a malformed manifest (:class:`~perfcast.errors.BundleError`); a changed hardware
+catalog only logs a warning (predictions then use the current catalog figures).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import logging
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfcast.errors import BundleError, SpecError
+from perfcast.features.op_features import FEATURE_SPEC_VERSION
+from perfcast.features.ops import OpClass, op_classes, op_kinds
+
+__all__ = ["MANIFEST_FILE", "OpPredictorBundle", "catalog_hash", "load_bundle", "save_bundle"]
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+BUNDLE_FORMAT = "perfcast-op-bundle"
+BUNDLE_SCHEMA_VERSION = 1
+_MODEL_SLOTS = ("op", "collective")
+_ALLOWED_MODULE_PREFIX = "perfcast.models."
+_CATALOG_DIRS = (("catalog", "accelerators"), ("catalog", "fabrics"))
+
+
+def catalog_hash() -> str:
+    """SHA-256 over the hardware catalog (accelerators and fabrics), files in sorted order."""
+    digest = hashlib.sha256()
+    root = resources.files("perfcast.features")
+    for parts in _CATALOG_DIRS:
+        folder = root.joinpath(*parts)
+        for res in sorted(folder.iterdir(), key=lambda r: r.name):
+            if res.name.endswith(".json"):
+                digest.update("/".join((*parts, res.name)).encode())
+                digest.update(b"\0")
+                digest.update(res.read_bytes())
+                digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _perfcast_version() -> str:
+    try:
+        return metadata.version("perfcast")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+@dataclass(frozen=True)
+class OpPredictorBundle:
+    """A loaded bundle: the op and collective models (either may be None) and the manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+    op_model: Any = None
+    collective_model: Any = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``.
+
+        Compute rows go to the op model, collective rows to the collective model.
+
+        Raises:
+            SpecError: unknown ops, or rows of a kind this bundle has no model for.
+        """
+        if not isinstance(ops, pd.DataFrame):
+            raise SpecError(f"ops must be a DataFrame, got {type(ops).__name__}")
+        n = len(ops)
+        pred, lo, hi = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        if n == 0:
+            return pred, lo, hi
+        is_coll = op_classes(op_kinds(ops)) == OpClass.COLLECTIVE.value
+        for mask, model, what in (
+            (~is_coll, self.op_model, "op_model (compute ops)"),
+            (is_coll, self.collective_model, "collective_model (collectives)"),
+        ):
+            if not mask.any():
+                continue
+            if model is None:
+                rows = ", ".join(map(str, list(ops.index[mask][:5])))
+                names = ", ".join(sorted(pd.unique(ops["op"].astype(str)[mask])))
+                raise SpecError(
+                    f"bundle {self.path} has no {what}; needed by {int(mask.sum())} rows ({names}; rows {rows} ...)"
+                )
+            sub = ops.loc[mask]
+            pred[mask] = model.predict(sub)
+            interval = np.asarray(model.predict_interval(sub, coverage=coverage))
+            lo[mask], hi[mask] = interval[:, 0], interval[:, 1]
+        return pred, lo, hi
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_bundle(
+    path: str | Path,
+    *,
+    op_model: Any = None,
+    collective_model: Any = None,
+    metrics: Mapping[str, Any] | None = None,
+    datasets: Mapping[str, str] | None = None,
+) -> Path:
+    """Write fitted models to the directory ``path`` (replaced atomically if it exists).
+
+    Args:
+        path: the bundle directory.
+        op_model: a fitted ``OpTimeRegressor`` (or any model with the hooks above).
+        collective_model: a fitted ``CollectiveTimeRegressor``.
+        metrics: JSON-able evaluation metrics to record.
+        datasets: dataset name -> content hash (``perfcast.data.dataset.content_hash``).
+
+    Returns:
+        ``path`` as a Path.
+
+    Raises:
+        BundleError: no model given, a model without save hooks, or metadata that is not
+            JSON-able.
+    """
+    path = Path(path)
+    models = {"op": op_model, "collective": collective_model}
+    if all(m is None for m in models.values()):
+        raise BundleError("save_bundle needs op_model and/or collective_model; got neither")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        manifest: dict[str, Any] = {
+            "format": BUNDLE_FORMAT,
+            "schema_version": BUNDLE_SCHEMA_VERSION,
+            "perfcast_version": _perfcast_version(),
+            "xgboost_version": _xgboost_version(),
+            "feature_spec_version": FEATURE_SPEC_VERSION,
+            "catalog_sha256": catalog_hash(),
+            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "datasets": dict(datasets or {}),
+            "metrics": dict(metrics or {}),
+            "models": {},
+        }
+        for slot, model in models.items():
+            if model is not None:
+                manifest["models"][slot] = _save_model(slot, model, tmp)
+        try:
+            text = json.dumps(manifest, indent=1, default=_json_default, allow_nan=True)
+        except TypeError as exc:
+            raise BundleError(f"bundle metadata is not JSON serialisable: {exc}") from None
+        (tmp / MANIFEST_FILE).write_text(text, encoding="utf-8")
+        _replace_dir(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _xgboost_version() -> str | None:
+    try:
+        return metadata.version("xgboost")
+    except metadata.PackageNotFoundError:
+        try:
+            return metadata.version("xgboost-cpu")
+        except metadata.PackageNotFoundError:
+            return None
+
+
+def _save_model(slot: str, model: Any, directory: Path) -> dict[str, Any]:
+    before = set(p.name for p in directory.iterdir())
+    kls = type(model)
+    entry: dict[str, Any] = {"class": f"{kls.__module__}.{kls.__qualname__}"}
+    if hasattr(model, "_save_to"):
+        entry["hook"] = "save_to"
+        entry["meta"] = model._save_to(directory)
+    elif hasattr(model, "to_dict") and hasattr(model, "booster_"):
+        entry["hook"] = "to_dict"
+        booster_file = f"{slot}.ubj"
+        model.booster_.save_model(str(directory / booster_file))
+        entry["booster_file"] = booster_file
+        entry["meta"] = model.to_dict()
+    else:
+        raise BundleError(
+            f"{slot} model {entry['class']} has neither _save_to(dir)/_load_from(dir, meta) "
+            "nor to_dict()/from_dict() with booster_"
+        )
+    entry["files"] = sorted(set(p.name for p in directory.iterdir()) - before)
+    return entry
+
+
+def _replace_dir(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst``; an existing ``dst`` is swapped out, then removed."""
+    if dst.exists():
+        if dst.is_dir() and any(dst.iterdir()) and not (dst / MANIFEST_FILE).is_file():
+            raise BundleError(f"{dst} exists and is not a bundle; refusing to replace it")
+        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        dst.rename(old)
+        src.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        src.rename(dst)
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_bundle(path: str | Path) -> OpPredictorBundle:
+    """Load a bundle written by :func:`save_bundle`.
+
+    Raises:
+        BundleError: missing directory, manifest or model file (named), malformed
+            manifest, or a FeatureSpec version other than this perfcast's.
+    """
+    path = Path(path)
+    manifest_path = path / MANIFEST_FILE
+    if not path.is_dir():
+        raise BundleError(f"bundle directory {path} does not exist")
+    if not manifest_path.is_file():
+        raise BundleError(f"bundle file {manifest_path} is missing")
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise BundleError(f"cannot read {manifest_path}: {exc}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{manifest_path} is not a perfcast op bundle manifest")
+    version = manifest.get("feature_spec_version")
+    if version != FEATURE_SPEC_VERSION:
+        raise BundleError(
+            f"bundle {path} was built with FeatureSpec version {version!r}; this perfcast uses "
+            f"version {FEATURE_SPEC_VERSION}: retrain the bundle"
+        )
+    if manifest.get("catalog_sha256") != catalog_hash():
+        logger.warning(
+            "bundle %s was trained against another hardware catalog (sha256 %s); predictions use the current "
+            "catalog figures",
+            path,
+            str(manifest.get("catalog_sha256"))[:12],
+        )
+    models_meta = manifest.get("models")
+    if not isinstance(models_meta, dict) or not models_meta:
+        raise BundleError(f"{manifest_path} lists no models")
+    loaded: dict[str, Any] = {}
+    for slot, entry in models_meta.items():
+        if slot not in _MODEL_SLOTS:
+            raise BundleError(f"{manifest_path}: unknown model slot {slot!r}; allowed: {', '.join(_MODEL_SLOTS)}")
+        loaded[slot] = _load_model(path, slot, entry)
+    return OpPredictorBundle(
+        path=path,
+        manifest=manifest,
+        op_model=loaded.get("op"),
+        collective_model=loaded.get("collective"),
+        metrics=dict(manifest.get("metrics") or {}),
+    )
+
+
+def _load_model(path: Path, slot: str, entry: Any) -> Any:
+    if not isinstance(entry, dict) or "class" not in entry or "meta" not in entry:
+        raise BundleError(f"{path / MANIFEST_FILE}: {slot} model entry is malformed")
+    for name in entry.get("files", []):
+        if not (path / name).is_file():
+            raise BundleError(f"bundle file {path / name} is missing ({slot} model)")
+    kls = _import_class(entry["class"])
+    hook = entry.get("hook")
+    if hook == "save_to" and hasattr(kls, "_load_from"):
+        return kls._load_from(path, entry["meta"])
+    if hook == "to_dict" and hasattr(kls, "from_dict"):
+        import xgboost as xgb
+
+        model = kls.from_dict(entry["meta"])
+        booster = xgb.Booster()
+        booster.load_model(str(path / entry["booster_file"]))
+        model.booster_ = booster
+        return model
+    raise BundleError(f"{slot} model {entry['class']} cannot be loaded with hook {hook!r}")
+
+
+def _import_class(dotted: str) -> type:
+    """A model class named in a manifest; only classes under ``perfcast.models`` are allowed."""
+    module_name, _, name = str(dotted).rpartition(".")
+    if not module_name.startswith(_ALLOWED_MODULE_PREFIX):
+        raise BundleError(f"model class {dotted!r} is not a perfcast.models class")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise BundleError(f"model class {dotted!r} cannot be imported: {exc}") from None

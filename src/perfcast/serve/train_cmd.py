@@ -1,0 +1,101 @@
+"""``perfcast train ops``: train, evaluate and register the op predictor in MLflow."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from importlib import resources
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfcast.errors import PerfcastError
+
+EXIT_USER_ERROR = 2
+PIP_REQUIREMENTS = ("perfcast", "xgboost-cpu", "mlflow", "pandas", "pyarrow", "pydantic", "scikit-learn")
+train_app = typer.Typer(help="Train predictors; every run is tracked in MLflow.", no_args_is_help=True)
+_err = Console(stderr=True, soft_wrap=True)
+
+
+def _pyfunc_code() -> str:
+    """Path of the models-from-code file MLflow logs for the pyfunc flavour."""
+    return str(resources.files("perfcast.serve").joinpath("pyfunc_model.py"))
+
+
+def _default_output() -> Path:
+    return Path("bundles") / f"ops-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+
+
+@train_app.command("ops")
+def train_ops_command(
+    data: list[Path] = typer.Option(..., "--data", "-d", help="Dataset folders or source files (repeatable)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Bundle folder (default: bundles/ops-<UTC>)."),
+    experiment: str = typer.Option("perfcast", "--experiment", help="MLflow experiment name."),
+    register: str | None = typer.Option("perfcast-ops", "--register", help="Registered model name ('' to skip)."),
+    evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="Leave-one-GPU-out evaluation first."),
+    track: bool = typer.Option(
+        True, "--track/--no-track", help="Log the run to MLflow (MLFLOW_TRACKING_URI or ./mlflow.db)."
+    ),
+    n_estimators: int = typer.Option(400, "--n-estimators", help="Boosting rounds per op class."),
+    max_rows_per_gpu: int = typer.Option(40_000, "--max-rows-per-gpu", help="Training rows sampled per GPU."),
+) -> None:
+    """Train the op predictor on measured op records and save it as a bundle."""
+    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.training import tracking
+    from perfcast.training.train_ops import load_op_records, median_summary, train_op_predictor
+
+    out = output or _default_output()
+    params = {"n_estimators": n_estimators, "max_rows_per_gpu": max_rows_per_gpu}
+
+    def run() -> None:
+        records, cards = load_op_records(data, resolve_gpu=resolve_gpu_name)
+        _err.print(
+            f"{len(records)} op records from {len(data)} input(s), GPUs: {', '.join(sorted(records.gpu.unique()))}"
+        )
+
+        def train() -> None:
+            result = train_op_predictor(records, output=out, params=params, evaluate=evaluate, cards=cards,
+                                        progress=lambda msg: _err.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+            if result.logo is not None:
+                _print_summary(median_summary(result.logo))
+            _err.print(f"fit {result.n_compute_rows} compute + {result.n_collective_rows} collective rows in "
+                       f"{result.fit_seconds:.1f} s; bundle: {result.bundle_path}")  # fmt: skip
+            if track:
+                _log_model(result.bundle_path, register or None)
+
+        if track:
+            with tracking.tracked_run(experiment, run_name=out.name) as active:
+                train()
+                _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
+        else:
+            train()
+
+    try:
+        run()
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+def _log_model(bundle: Path, register: str | None) -> None:
+    import mlflow
+
+    info = mlflow.pyfunc.log_model(
+        name="model",
+        python_model=_pyfunc_code(),
+        artifacts={"bundle": str(bundle)},
+        pip_requirements=list(PIP_REQUIREMENTS),
+        registered_model_name=register,
+    )
+    where = f"models:/{register}/{info.registered_model_version}" if register else info.model_uri
+    _err.print(f"logged pyfunc model {info.model_uri}" + (f", registered as {where}" if register else ""))
+
+
+def _print_summary(summary) -> None:  # type: ignore[no-untyped-def]
+    table = Table(title="leave-one-GPU-out, median over held-out GPUs")
+    for col in summary.columns:
+        table.add_column(col)
+    for row in summary.itertuples(index=False):
+        table.add_row(*[f"{v:.3g}" if isinstance(v, float) else str(v) for v in row])
+    Console().print(table)

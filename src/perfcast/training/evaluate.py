@@ -1,0 +1,148 @@
+"""Leave-one-GPU-out evaluation of op predictors beside the two baselines.
+
+For every GPU in the data, a model is fitted on the other GPUs' rows and scored on all
+rows of the held-out GPU, per evaluation class (``gemm_fp32``, ``gemm_fp16``, ``vector``,
+``attention``, ``collective`` ...): MAPE, median APE, p90 APE, coverage of the interval and
+its mean relative width, for the model and for both baselines
+(:mod:`perfcast.models.baselines`). This is the split that matches real use: predicting
+a GPU nobody measured.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import pandas as pd
+from sklearn.model_selection import LeaveOneGroupOut
+
+from perfcast.models.baselines import EfficiencyBaseline, RooflineBaseline
+from perfcast.training.metrics import summarize
+
+logger = logging.getLogger(__name__)
+
+MODEL = "model"
+CALIBRATION_LEVELS = (0.5, 0.8, 0.9, 0.95)
+"""Nominal coverages whose held-out intervals are kept for the calibration curve."""
+BASELINES = {"roofline": RooflineBaseline, "efficiency": EfficiencyBaseline}
+
+
+class IntervalRegressor(Protocol):
+    """What the evaluation needs of a model."""
+
+    def fit(self, X: pd.DataFrame, y: np.ndarray) -> Any: ...
+    def predict(self, X: pd.DataFrame) -> np.ndarray: ...
+    def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray: ...
+
+
+def evaluation_class(ops: pd.DataFrame, op_class: pd.Series) -> pd.Series:
+    """Label of each row for reporting: GEMMs split by dtype (``gemm_fp16``), others by class."""
+    gemm = op_class == "gemm"
+    return op_class.where(~gemm, "gemm_" + ops["dtype"].astype(str))
+
+
+@dataclass(frozen=True)
+class LogoResult:
+    """Per-row held-out predictions and the per-(GPU, class) metrics table.
+
+    ``predictions`` has ``gpu, eval_class, measured_ms``, the model's ``model``,
+    ``model_lo``, ``model_hi`` (at the evaluated coverage), ``lo@c``/``hi@c`` for each of
+    ``CALIBRATION_LEVELS``, and one column per baseline.
+    """
+
+    predictions: pd.DataFrame
+    table: pd.DataFrame
+
+    def summary(self) -> pd.DataFrame:
+        """Median over held-out GPUs of each metric, per evaluation class and predictor."""
+        return self.table.groupby(["eval_class", "predictor"]).median(numeric_only=True).drop(columns="n")
+
+
+def _metrics(block: pd.DataFrame, name: str) -> dict[str, float]:
+    lo = block.get(f"{name}_lo")
+    hi = block.get(f"{name}_hi")
+    with_interval = name == MODEL and lo is not None
+    return summarize(
+        block[name].to_numpy(),
+        block["measured_ms"].to_numpy(),
+        lo.to_numpy() if with_interval else None,
+        hi.to_numpy() if with_interval else None,
+    )
+
+
+def evaluate_logo(
+    X: pd.DataFrame,
+    y: np.ndarray,
+    *,
+    make_model: Callable[[], IntervalRegressor],
+    eval_class: pd.Series,
+    coverage: float = 0.9,
+    progress: Callable[[str], None] | None = None,
+) -> LogoResult:
+    """Leave-one-GPU-out evaluation (see the module docstring).
+
+    Args:
+        X: op-table rows with a ``gpu`` column (catalog ids); the groups.
+        y: measured times, ms.
+        make_model: builds a fresh unfitted model for each fold.
+        eval_class: reporting class of each row (e.g. from :func:`evaluation_class`).
+        coverage: nominal coverage of the model's interval.
+        progress: called with the held-out GPU before each fold.
+    """
+    y = np.asarray(y, dtype=float)
+    groups = X["gpu"].astype(str).to_numpy()
+    parts = []
+    for train, test in LeaveOneGroupOut().split(X, y, groups):
+        gpu = groups[test[0]]
+        if progress is not None:
+            progress(gpu)
+        X_train, X_test = X.iloc[train], X.iloc[test]
+        fold = pd.DataFrame(
+            {"gpu": gpu, "eval_class": eval_class.iloc[test].to_numpy(), "measured_ms": y[test]},
+            index=X_test.index,
+        )
+        model = make_model().fit(X_train, y[train])
+        fold[MODEL] = model.predict(X_test)
+        interval = model.predict_interval(X_test, coverage=coverage)
+        fold[f"{MODEL}_lo"], fold[f"{MODEL}_hi"] = interval[:, 0], interval[:, 1]
+        for level in CALIBRATION_LEVELS:
+            inner = model.predict_interval(X_test, coverage=level)
+            fold[f"lo@{level}"], fold[f"hi@{level}"] = inner[:, 0], inner[:, 1]
+        for name, cls in BASELINES.items():
+            fold[name] = cls().fit(X_train, y[train]).predict(X_test)
+        parts.append(fold)
+    predictions = pd.concat(parts)
+    rows = []
+    for (gpu, klass), block in predictions.groupby(["gpu", "eval_class"]):
+        for name in (MODEL, *BASELINES):
+            rows.append({"gpu": gpu, "eval_class": klass, "predictor": name, **_metrics(block, name)})
+    return LogoResult(predictions=predictions, table=pd.DataFrame(rows))
+
+
+def markdown_table(result: LogoResult) -> str:
+    """The per-GPU table as Markdown: model beside both baselines, with the interval."""
+    wide = result.table.pivot_table(index=["eval_class", "gpu"], columns="predictor", values=["mape", "p90_ape"])
+    model = result.table[result.table["predictor"] == MODEL].set_index(["eval_class", "gpu"])
+    lines = [
+        "| class | held-out GPU | n | model MAPE | roofline MAPE | efficiency MAPE | model p90 | roofline p90 "
+        "| coverage | rel. width |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key in wide.index:
+        m = model.loc[key]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {int(m['n'])} | {wide.loc[key, ('mape', MODEL)]:.1f} "
+            f"| {wide.loc[key, ('mape', 'roofline')]:.1f} | {wide.loc[key, ('mape', 'efficiency')]:.1f} "
+            f"| {wide.loc[key, ('p90_ape', MODEL)]:.1f} | {wide.loc[key, ('p90_ape', 'roofline')]:.1f} "
+            f"| {100 * m['coverage']:.1f} | {m['rel_width']:.2f} |"
+        )
+    summary = result.summary()
+    lines += ["", "| class | predictor | median MAPE | median p90 APE | median coverage |", "|---|---|---:|---:|---:|"]
+    for (klass, name), row in summary.iterrows():
+        cov = row.get("coverage", np.nan)
+        cov_text = "" if np.isnan(cov) else f"{100 * cov:.1f}"
+        lines.append(f"| {klass} | {name} | {row['mape']:.1f} | {row['p90_ape']:.1f} | {cov_text} |")
+    return "\n".join(lines)

@@ -1,0 +1,77 @@
+"""Evaluation plots of an op predictor (matplotlib figures; the caller saves or logs them)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from perfcast.training.evaluate import BASELINES, CALIBRATION_LEVELS, MODEL  # noqa: E402
+
+
+def parity_plot(predictions: pd.DataFrame) -> Figure:
+    """Predicted against measured time (log-log), one colour per evaluation class."""
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for klass, block in predictions.groupby("eval_class"):
+        ax.scatter(block["measured_ms"], block[MODEL], s=2, alpha=0.3, label=str(klass))
+    lims = [predictions["measured_ms"].min(), predictions["measured_ms"].max()]
+    ax.plot(lims, lims, color="black", lw=1)
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)",
+           title="held-out GPUs: predicted vs measured")  # fmt: skip
+    ax.legend(markerscale=5, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def error_by_gpu_plot(table: pd.DataFrame) -> Figure:
+    """MAPE per held-out GPU and class, for the model and each baseline."""
+    classes = sorted(table["eval_class"].unique())
+    fig, axes = plt.subplots(len(classes), 1, figsize=(8, 2.6 * len(classes)), squeeze=False)
+    names = [MODEL, *BASELINES]
+    for ax, klass in zip(axes[:, 0], classes, strict=True):
+        block = table[table["eval_class"] == klass].pivot(index="gpu", columns="predictor", values="mape")
+        block = block.reindex(columns=names)
+        x = np.arange(len(block))
+        for i, name in enumerate(names):
+            ax.bar(x + (i - 1) * 0.27, block[name], width=0.27, label=name)
+        ax.set_xticks(x, block.index, rotation=20, fontsize=8)
+        ax.set(ylabel="MAPE (%)", title=f"{klass}: error by held-out GPU")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def calibration_plot(predictions: pd.DataFrame) -> Figure:
+    """Empirical coverage of the held-out intervals against their nominal coverage, per class."""
+    fig, ax = plt.subplots(figsize=(5, 5))
+    for klass, block in predictions.groupby("eval_class"):
+        seen = [
+            float(((block[f"lo@{c}"] <= block["measured_ms"]) & (block["measured_ms"] <= block[f"hi@{c}"])).mean())
+            for c in CALIBRATION_LEVELS
+        ]
+        ax.plot(CALIBRATION_LEVELS, seen, marker="o", label=str(klass))
+    ax.plot([0, 1], [0, 1], color="black", lw=1)
+    ax.set(xlim=(0.4, 1), ylim=(0, 1), xlabel="nominal coverage", ylabel="held-out coverage",
+           title="interval calibration on unseen GPUs")  # fmt: skip
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def importance_plot(importance: Mapping[str, Mapping[str, float]], top: int = 15) -> Figure:
+    """Top features by total gain, one panel per op class."""
+    fig, axes = plt.subplots(1, max(1, len(importance)), figsize=(5 * max(1, len(importance)), 4.5), squeeze=False)
+    for ax, (klass, scores) in zip(axes[0], importance.items(), strict=False):
+        items = sorted(scores.items(), key=lambda kv: kv[1])[-top:]
+        ax.barh([k for k, _ in items], [v for _, v in items])
+        ax.set(title=f"{klass}: feature importance (gain)")
+        ax.tick_params(labelsize=7)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,247 @@
+"""OpTimeRegressor: the estimator contract (STYLE 8) on a tiny synthetic dataset.
+
+The synthetic truth is ``t = L + roofline / eff(gpu, shape)`` with a per-GPU efficiency
+close across GPUs and a shape term the features see (output-tile waste), plus 5% noise.
+
+``sklearn.utils.estimator_checks.parametrize_with_checks`` does not apply: the estimator's
+``X`` is an op-table DataFrame (``op``, shapes, ``gpu``), and the checks feed numeric
+arrays, so every check would fail at input validation. The clone / get_params /
+set_params round trip is tested instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+
+from perfcast.errors import OutOfDomainWarning, SpecError
+from perfcast.features.op_features import featurize_ops
+from perfcast.models.op_model import DEFAULT_LAUNCH_MS, POOLED, OpTimeRegressor, weighted_quantile
+
+GPU_EFF = {"a100-pcie-40gb": 0.70, "v100-pcie-32gb": 0.64, "t4": 0.60, "p100-pcie-16gb": 0.58}
+TRUE_LAUNCH_MS = 0.012
+FAST = {"n_estimators": 40, "learning_rate": 0.2, "n_jobs": 1}
+
+
+def make_ops(gpus=GPU_EFF, n_gemm: int = 250, n_vector: int = 150, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+    """Synthetic GEMM and vector rows on ``gpus`` with their true times (no noise), ms."""
+    rng = np.random.default_rng(seed)
+    parts = []
+    for gpu in gpus:
+        dims = np.exp(rng.uniform(np.log(8), np.log(3000), size=(n_gemm, 3))).astype(int)
+        parts.append(
+            pd.DataFrame(
+                {
+                    "op": rng.choice(["bmm", "linear"], n_gemm),
+                    "batch": rng.choice([1, 2, 8, 32], n_gemm),
+                    "m": dims[:, 0],
+                    "n": dims[:, 1],
+                    "k": dims[:, 2],
+                    "dtype": "fp32",
+                    "gpu": gpu,
+                }
+            )
+        )
+        parts.append(
+            pd.DataFrame(
+                {
+                    "op": rng.choice(["add", "relu", "softmax", "layernorm"], n_vector),
+                    "rows": np.exp(rng.uniform(0, np.log(20000), n_vector)).astype(int),
+                    "cols": np.exp(rng.uniform(np.log(8), np.log(4096), n_vector)).astype(int),
+                    "dtype": "fp32",
+                    "gpu": gpu,
+                }
+            )
+        )
+    ops = pd.concat(parts, ignore_index=True)
+    return ops, true_ms(ops)
+
+
+def true_ms(ops: pd.DataFrame) -> np.ndarray:
+    feats = featurize_ops(ops)
+    eff = ops["gpu"].map(GPU_EFF).to_numpy()
+    shape = np.where(feats["op_class"] == "gemm", 0.5 + 0.5 * feats["tile_eff64"].fillna(1.0), 1.0)
+    return TRUE_LAUNCH_MS + feats["roofline_ms"].to_numpy() / (eff * shape)
+
+
+@pytest.fixture(scope="module")
+def data() -> tuple[pd.DataFrame, np.ndarray]:
+    ops, t = make_ops()
+    noise = np.exp(np.random.default_rng(1).normal(0, 0.05, len(t)))
+    return ops, t * noise
+
+
+@pytest.fixture(scope="module")
+def fitted(data) -> OpTimeRegressor:
+    ops, t = data
+    return OpTimeRegressor(**FAST).fit(ops, t)
+
+
+def test_fit_returns_self(data):
+    ops, t = data
+    model = OpTimeRegressor(**FAST, calibrate=False)
+    assert model.fit(ops, t) is model
+
+
+def test_unfitted_raises_not_fitted(data):
+    ops, _ = data
+    model = OpTimeRegressor()
+    with pytest.raises(NotFittedError):
+        model.predict(ops)
+    with pytest.raises(NotFittedError):
+        model.predict_interval(ops)
+
+
+def test_fitted_state(fitted):
+    assert set(fitted.boosters_) == {"gemm", "vector"}
+    assert set(fitted.interval_kind_.values()) == {"gpu"}
+    assert fitted.feature_spec_version_ == 1
+    assert fitted.train_gpus_ == tuple(sorted(GPU_EFF))
+    for cls in ("gemm", "vector"):
+        assert fitted.launch_ms_[(POOLED, cls)] > 0
+        values, weights = fitted.residuals_[cls]
+        assert values.shape == weights.shape and np.isfinite(values).all()
+
+
+def test_shapes_and_ordering(fitted, data):
+    ops, _ = data
+    sub = ops.iloc[::7]
+    pred = fitted.predict(sub)
+    interval = fitted.predict_interval(sub)
+    assert pred.shape == (len(sub),)
+    assert interval.shape == (len(sub), 2)
+    assert (pred > 0).all()
+    assert (interval[:, 0] <= pred).all() and (pred <= interval[:, 1]).all()
+    narrow = fitted.predict_interval(sub, coverage=0.5)
+    wide = fitted.predict_interval(sub, coverage=0.99)
+    assert (narrow[:, 0] <= pred).all() and (pred <= narrow[:, 1]).all()
+    assert (wide[:, 1] - wide[:, 0] >= narrow[:, 1] - narrow[:, 0] - 1e-12).all()
+
+
+def test_bad_coverage(fitted, data):
+    with pytest.raises(SpecError, match="coverage"):
+        fitted.predict_interval(data[0].iloc[:3], coverage=1.0)
+
+
+def test_recovers_truth_on_held_out_gpu(data):
+    ops, t = data
+    held = ops["gpu"] == "v100-pcie-32gb"
+    model = OpTimeRegressor(**FAST).fit(ops[~held], t[~held])
+    test = ops[held]
+    truth = true_ms(test)
+    pred = model.predict(test)
+    roof = featurize_ops(test)["roofline_ms"].to_numpy()
+    mape_model = np.mean(np.abs(pred - truth) / truth)
+    mape_roof = np.mean(np.abs(roof - truth) / truth)
+    assert mape_model < 0.2
+    assert mape_model < 0.5 * mape_roof
+    interval = model.predict_interval(test, coverage=0.9)
+    coverage = np.mean((truth >= interval[:, 0]) & (truth <= interval[:, 1]))
+    assert coverage > 0.6
+
+
+def test_deterministic(data):
+    ops, t = data
+    a = OpTimeRegressor(**FAST, calibrate=False, random_state=3).fit(ops, t).predict(ops.iloc[:50])
+    b = OpTimeRegressor(**FAST, calibrate=False, random_state=3).fit(ops, t).predict(ops.iloc[:50])
+    np.testing.assert_array_equal(a, b)
+
+
+def test_clone_get_set_params_round_trip():
+    model = OpTimeRegressor(n_estimators=7, max_depth=3, calibrate=False)
+    params = model.get_params()
+    assert params["n_estimators"] == 7 and params["max_depth"] == 3
+    twin = clone(model)
+    assert twin is not model and twin.get_params() == params
+    assert twin.set_params(learning_rate=0.3) is twin
+    assert twin.get_params()["learning_rate"] == 0.3
+    assert model.get_params()["learning_rate"] == 0.07
+
+
+def test_invalid_hyperparameters_raise_at_fit(data):
+    ops, t = data
+    with pytest.raises(SpecError, match="n_estimators=0"):
+        OpTimeRegressor(n_estimators=0).fit(ops, t)
+
+
+def test_bad_targets(data):
+    ops, t = data
+    bad = t.copy()
+    bad[3] = 0.0
+    with pytest.raises(SpecError, match="rows 3"):
+        OpTimeRegressor(**FAST).fit(ops, bad)
+    with pytest.raises(SpecError, match="y has"):
+        OpTimeRegressor(**FAST).fit(ops, t[:-1])
+
+
+def test_unknown_class_at_predict_names_ops(data):
+    ops, t = data
+    gemm = ops["op"].isin(["bmm", "linear"]).to_numpy()
+    model = OpTimeRegressor(**FAST, calibrate=False).fit(ops[gemm], t[gemm])
+    attention = pd.DataFrame(
+        {"op": ["attention"], "batch": [1], "heads": [8], "seq_q": [512], "seq_kv": [512], "head_dim": [64],
+         "dtype": ["fp32"], "gpu": ["t4"]}
+    )  # fmt: skip
+    with pytest.raises(SpecError, match=r"attention.*rows 0"):
+        model.predict(attention)
+    with pytest.raises(SpecError, match="softmax|relu|add|layernorm"):
+        model.predict(ops[~gemm].iloc[:4])
+
+
+def test_collectives_refused_at_fit():
+    ops = pd.DataFrame({"op": ["allreduce"], "bytes": [1 << 20], "n_ranks": [8], "dtype": ["bf16"], "gpu": ["t4"]})
+    with pytest.raises(SpecError, match="collective"):
+        OpTimeRegressor(**FAST).fit(ops, [1.0])
+
+
+def test_out_of_domain_warns_once_with_count(fitted, data):
+    ops, _ = data
+    inside = ops.iloc[:20]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OutOfDomainWarning)
+        fitted.predict(inside)
+    assert not fitted.out_of_domain(inside).any()
+    h100 = inside.assign(gpu="h100-sxm5-80gb")  # more SMs and bandwidth than any training GPU
+    huge = inside.iloc[:3].assign(m=10**6, n=10**6, k=10**6, op="bmm")
+    both = pd.concat([h100, huge], ignore_index=True)
+    with pytest.warns(OutOfDomainWarning, match=r"^23 of 23") as record:
+        fitted.predict(both)
+    assert len([w for w in record if issubclass(w.category, OutOfDomainWarning)]) == 1
+    assert fitted.out_of_domain(both).all()
+
+
+def test_few_gpus_fall_back_to_row_folds(caplog):
+    ops, t = make_ops({"t4": 0.6, "p100-pcie-16gb": 0.58}, n_gemm=80, n_vector=0)
+    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_model"):
+        model = OpTimeRegressor(n_estimators=10, n_jobs=1).fit(ops, t)
+    assert model.interval_kind_ == {"gemm": "row"}
+    assert "WITHIN-GPU" in caplog.text
+    interval = model.predict_interval(ops.iloc[:5])
+    assert (interval[:, 0] <= interval[:, 1]).all()
+
+
+def test_launch_default_without_tiny_ops():
+    ops, t = make_ops({"t4": 0.6}, n_gemm=40, n_vector=0)
+    big = ops.assign(m=ops["m"] + 2048, n=ops["n"] + 2048, k=ops["k"] + 2048)
+    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(big, true_ms(big))
+    assert model.launch_ms_[(POOLED, "gemm")] == DEFAULT_LAUNCH_MS
+
+
+def test_launch_measured_from_tiny_ops():
+    tiny = pd.DataFrame({"op": "add", "rows": 1, "cols": np.arange(4, 124), "dtype": "fp32", "gpu": "t4"})
+    t = np.linspace(0.01, 0.03, len(tiny))
+    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(tiny, t)
+    assert model.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
+
+
+def test_weighted_quantile():
+    values = np.array([3.0, 1.0, 2.0, 10.0])
+    assert weighted_quantile(values, np.ones(4), 0.5) == 2.0
+    assert weighted_quantile(values, np.array([1.0, 1.0, 1.0, 97.0]), 0.5) == 10.0
+    assert weighted_quantile(values, np.ones(4), 1.0) == 10.0
