@@ -8,8 +8,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfcast.errors import BundleError, SpecError
+from perfcast.errors import BundleError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION, featurize_ops
+from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.bundle import MANIFEST_FILE, OpPredictorBundle, catalog_hash, load_bundle, save_bundle
 from perfcast.models.op_model import OpTimeRegressor
 
@@ -134,8 +135,15 @@ def test_predict_ops_dispatches_by_class(model, data):
     assert (lo <= pred).all() and (pred <= hi).all()
 
     no_coll = OpPredictorBundle(path=None, manifest={}, op_model=model)
-    with pytest.raises(SpecError, match="no collective_model.*allgather, allreduce"):
-        no_coll.predict_ops(mixed)
+    pred, lo, hi = no_coll.predict_ops(mixed)  # collectives fall back to the catalog alpha-beta, no interval
+    analytic, _, _ = AnalyticOpPredictor().predict_ops(coll)
+    np.testing.assert_allclose(pred[is_coll], analytic)
+    assert np.isnan(lo[is_coll]).all() and np.isnan(hi[is_coll]).all()
+
+    no_ops = OpPredictorBundle(path=None, manifest={}, collective_model=_FakeCollective())
+    pred, lo, _ = no_ops.predict_ops(mixed)  # compute rows fall back to the roofline
+    np.testing.assert_allclose(pred[~is_coll], AnalyticOpPredictor().predict_ops(mixed[~is_coll])[0])
+    assert np.isnan(lo[~is_coll]).all()
 
 
 def test_round_trip_with_collective_model(tmp_path, model, data):

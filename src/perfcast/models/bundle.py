@@ -40,6 +40,7 @@ import pandas as pd
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION
 from perfcast.features.ops import OpClass, op_classes, op_kinds
+from perfcast.models.analytic import AnalyticOpPredictor
 
 __all__ = ["MANIFEST_FILE", "OpPredictorBundle", "catalog_hash", "load_bundle", "save_bundle"]
 
@@ -98,10 +99,13 @@ class OpPredictorBundle:
     def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``.
 
-        Compute rows go to the op model, collective rows to the collective model.
+        Compute rows go to the op model, collective rows to the collective model. Rows of
+        an op class the bundle learned nothing about (no attention data, no collective
+        model) get the analytic estimate (roofline, alpha-beta) and no interval (NaN),
+        with a warning that counts them.
 
         Raises:
-            SpecError: unknown ops, or rows of a kind this bundle has no model for.
+            SpecError: ``ops`` is not a DataFrame, or holds unknown ops.
         """
         if not isinstance(ops, pd.DataFrame):
             raise SpecError(f"ops must be a DataFrame, got {type(ops).__name__}")
@@ -109,23 +113,23 @@ class OpPredictorBundle:
         pred, lo, hi = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         if n == 0:
             return pred, lo, hi
-        is_coll = op_classes(op_kinds(ops)) == OpClass.COLLECTIVE.value
-        for mask, model, what in (
-            (~is_coll, self.op_model, "op_model (compute ops)"),
-            (is_coll, self.collective_model, "collective_model (collectives)"),
-        ):
-            if not mask.any():
-                continue
-            if model is None:
-                rows = ", ".join(map(str, list(ops.index[mask][:5])))
-                names = ", ".join(sorted(pd.unique(ops["op"].astype(str)[mask])))
-                raise SpecError(
-                    f"bundle {self.path} has no {what}; needed by {int(mask.sum())} rows ({names}; rows {rows} ...)"
-                )
-            sub = ops.loc[mask]
-            pred[mask] = model.predict(sub)
-            interval = np.asarray(model.predict_interval(sub, coverage=coverage))
-            lo[mask], hi[mask] = interval[:, 0], interval[:, 1]
+        classes = op_classes(op_kinds(ops))
+        learned = set(self.op_model.boosters_) if self.op_model is not None else set()
+        routes = [
+            (np.isin(classes, sorted(learned - {OpClass.COLLECTIVE.value})), self.op_model),
+            ((classes == OpClass.COLLECTIVE.value) & (self.collective_model is not None), self.collective_model),
+        ]
+        for mask, model in routes:
+            if mask.any():
+                sub = ops.loc[mask]
+                pred[mask] = model.predict(sub)
+                interval = np.asarray(model.predict_interval(sub, coverage=coverage))
+                lo[mask], hi[mask] = interval[:, 0], interval[:, 1]
+        fallback = np.isnan(pred)
+        if fallback.any():
+            counts = pd.Series(classes[fallback]).value_counts().to_dict()
+            logger.warning("no learned model for %s rows: analytic estimate, no interval", counts)
+            pred[fallback], _, _ = AnalyticOpPredictor().predict_ops(ops.loc[fallback], coverage=coverage)
         return pred, lo, hi
 
 

@@ -34,6 +34,9 @@ def train_ops_command(
     experiment: str = typer.Option("perfcast", "--experiment", help="MLflow experiment name."),
     register: str | None = typer.Option("perfcast-ops", "--register", help="Registered model name ('' to skip)."),
     evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="Leave-one-GPU-out evaluation first."),
+    collectives: bool = typer.Option(
+        True, "--collectives/--no-collectives", help="Fit the collective model (else: catalog alpha-beta)."
+    ),
     track: bool = typer.Option(
         True, "--track/--no-track", help="Log the run to MLflow (MLFLOW_TRACKING_URI or ./mlflow.db)."
     ),
@@ -55,7 +58,8 @@ def train_ops_command(
         )
 
         def train() -> None:
-            result = train_op_predictor(records, output=out, params=params, evaluate=evaluate, cards=cards,
+            result = train_op_predictor(records, output=out, params=params, evaluate=evaluate, collectives=collectives,
+                                        cards=cards,
                                         progress=lambda msg: _err.print(f"[dim]{msg}[/dim]"))  # fmt: skip
             if result.logo is not None:
                 _print_summary(median_summary(result.logo))

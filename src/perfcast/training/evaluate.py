@@ -11,6 +11,7 @@ a GPU nobody measured.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,6 +20,7 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import LeaveOneGroupOut
 
+from perfcast.errors import OutOfDomainWarning
 from perfcast.models.baselines import EfficiencyBaseline, RooflineBaseline
 from perfcast.training.metrics import summarize
 
@@ -73,6 +75,16 @@ def _metrics(block: pd.DataFrame, name: str) -> dict[str, float]:
     )
 
 
+def _predict_fold(model: IntervalRegressor, X_test: pd.DataFrame, fold: pd.DataFrame, coverage: float) -> None:
+    """Add the model's prediction and its intervals (at ``coverage`` and each calibration level) to ``fold``."""
+    fold[MODEL] = model.predict(X_test)
+    interval = model.predict_interval(X_test, coverage=coverage)
+    fold[f"{MODEL}_lo"], fold[f"{MODEL}_hi"] = interval[:, 0], interval[:, 1]
+    for level in CALIBRATION_LEVELS:
+        inner = model.predict_interval(X_test, coverage=level)
+        fold[f"lo@{level}"], fold[f"hi@{level}"] = inner[:, 0], inner[:, 1]
+
+
 def evaluate_logo(
     X: pd.DataFrame,
     y: np.ndarray,
@@ -105,12 +117,9 @@ def evaluate_logo(
             index=X_test.index,
         )
         model = make_model().fit(X_train, y[train])
-        fold[MODEL] = model.predict(X_test)
-        interval = model.predict_interval(X_test, coverage=coverage)
-        fold[f"{MODEL}_lo"], fold[f"{MODEL}_hi"] = interval[:, 0], interval[:, 1]
-        for level in CALIBRATION_LEVELS:
-            inner = model.predict_interval(X_test, coverage=level)
-            fold[f"lo@{level}"], fold[f"hi@{level}"] = inner[:, 0], inner[:, 1]
+        with warnings.catch_warnings():  # a held-out GPU is out of domain by construction
+            warnings.simplefilter("ignore", OutOfDomainWarning)
+            _predict_fold(model, X_test, fold, coverage)
         for name, cls in BASELINES.items():
             fold[name] = cls().fit(X_train, y[train]).predict(X_test)
         parts.append(fold)
@@ -146,3 +155,31 @@ def markdown_table(result: LogoResult) -> str:
         cov_text = "" if np.isnan(cov) else f"{100 * cov:.1f}"
         lines.append(f"| {klass} | {name} | {row['mape']:.1f} | {row['p90_ape']:.1f} | {cov_text} |")
     return "\n".join(lines)
+
+
+def few_shot_curve(
+    predictions: pd.DataFrame, *, ks: tuple[int, ...] = (0, 5, 20, 100), seeds: int = 5
+) -> pd.DataFrame:
+    """MAPE on each held-out GPU after a few-shot correction fitted on ``k`` of its ops.
+
+    For every held-out GPU and class, ``k`` of its rows (seeded draws) give the class's
+    correction (:func:`~perfcast.models.calibration.shrunk_shift` of the log residuals of
+    the model's held-out predictions); the MAPE is measured on the GPU's other rows.
+    Returns one row per (gpu, eval_class, k) with the median MAPE over ``seeds`` draws.
+    """
+    from perfcast.models.calibration import shrunk_shift
+
+    rows = []
+    for (gpu, klass), block in predictions.groupby(["gpu", "eval_class"]):
+        measured, pred = block["measured_ms"].to_numpy(), block[MODEL].to_numpy()
+        for k in ks:
+            if k >= len(block):
+                continue
+            mapes = []
+            for seed in range(seeds if k else 1):
+                pick = np.random.default_rng(seed).choice(len(block), size=k, replace=False)
+                rest = np.setdiff1d(np.arange(len(block)), pick)
+                shift = shrunk_shift(np.log(measured[pick] / pred[pick]))
+                mapes.append(summarize(pred[rest] * np.exp(shift), measured[rest])["mape"])
+            rows.append({"gpu": gpu, "eval_class": klass, "k": k, "mape": float(np.median(mapes))})
+    return pd.DataFrame(rows)

@@ -77,6 +77,7 @@ def train_op_predictor(
     output: Path,
     params: dict[str, Any] | None = None,
     evaluate: bool = True,
+    collectives: bool = True,
     cards: dict[str, dict] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> TrainOpsResult:
@@ -87,6 +88,8 @@ def train_op_predictor(
         output: bundle folder to write.
         params: OpTimeRegressor keyword hyperparameters.
         evaluate: run the leave-one-GPU-out evaluation of the compute-op model first.
+        collectives: fit the collective model; without it the bundle times collectives with
+            the catalog alpha-beta estimate.
         cards: dataset cards whose hashes go into the manifest and the MLflow run.
         progress: called with a short message at each stage.
     """
@@ -123,7 +126,7 @@ def train_op_predictor(
         say(f"fitting the op model on {len(compute)} rows")
         op_model = OpTimeRegressor(**params).fit(compute, y_compute)
     collective_model = None
-    if len(collective) >= MIN_ROWS:
+    if collectives and len(collective) >= MIN_ROWS:
         say(f"fitting the collective model on {len(collective)} rows")
         collective_model = CollectiveTimeRegressor().fit(collective, collective["measured_ms"].to_numpy(dtype=float))
     fit_seconds = time.perf_counter() - start

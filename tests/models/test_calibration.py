@@ -1,0 +1,68 @@
+"""Few-shot per-GPU corrections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfcast.errors import BundleError, SpecError
+from perfcast.models.calibration import (
+    MIN_OPS_FOR_SPREAD,
+    CalibratedPredictor,
+    GpuCorrection,
+    fit_correction,
+    load_corrections,
+    save_correction,
+    shrunk_shift,
+)
+
+
+class _Flat:
+    name = "flat"
+
+    def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9):
+        pred = np.ones(len(ops))
+        return pred, pred * 0.8, pred * 1.25
+
+
+def _ops(n: int, op: str = "matmul", gpu: str = "h100-sxm5-80gb") -> pd.DataFrame:
+    return pd.DataFrame({"op": [op] * n, "gpu": gpu})
+
+
+def test_shift_recovers_a_constant_factor_and_shrinks_few_ops() -> None:
+    assert shrunk_shift(np.log(np.full(100, 2.0))) == pytest.approx(np.log(2.0) * 100 / 102)
+    assert abs(shrunk_shift(np.log([2.0]))) < abs(np.log(2.0)) / 2
+    assert shrunk_shift(np.array([])) == 0.0
+
+
+def test_corrections_apply_only_to_their_gpu_and_class(tmp_path: Path) -> None:
+    ops = pd.concat([_ops(30), _ops(3, "add")], ignore_index=True)
+    measured = np.r_[np.full(30, 1.5), np.full(3, 0.5)]
+    corr = fit_correction("h100-sxm5-80gb", ops, measured, np.ones(len(ops)), model="flat")
+    assert corr.n_ops == {"gemm": 30, "vector": 3}
+    assert set(corr.spread) == {"gemm"}  # enough ops for an empirical interval only there
+
+    save_correction(corr, tmp_path)
+    loaded = load_corrections(tmp_path)
+    assert loaded["h100-sxm5-80gb"] == corr
+
+    predictor = CalibratedPredictor(_Flat(), loaded)
+    query = pd.concat([_ops(2), _ops(2, "add"), _ops(2, gpu="a100-sxm4-80gb")], ignore_index=True)
+    pred, lo, hi = predictor.predict_ops(query)
+    assert pred[:2] == pytest.approx(np.exp(corr.shifts["gemm"]))
+    assert pred[2:4] == pytest.approx(np.exp(corr.shifts["vector"]))
+    np.testing.assert_array_equal(pred[4:], [1.0, 1.0])  # another GPU: untouched
+    assert (lo <= pred).all() and (pred <= hi).all()
+    assert hi[2] == pytest.approx(1.25 * pred[2])  # few ops: the model's interval, shifted
+
+
+def test_bad_inputs() -> None:
+    with pytest.raises(SpecError, match="no usable measured ops"):
+        fit_correction("t4", _ops(2), np.array([np.nan, -1.0]), np.ones(2))
+    with pytest.raises(BundleError, match="not a perfcast GPU correction"):
+        GpuCorrection.from_json('{"gpu": "t4"}')
+    assert MIN_OPS_FOR_SPREAD > 5
+    assert load_corrections("/nonexistent/perfcast") == {}
