@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
+import os
 import re
 from collections.abc import Mapping
 from functools import lru_cache
@@ -582,9 +583,93 @@ def list_fabrics() -> list[FabricSpec]:
     return [spec for _, spec in sorted(_load_fabrics().items())]
 
 
+HOST_FABRIC = "roce-200gbe"
+"""Fabric assumed for a measured host entry (it only matters for multi-node collectives)."""
+
+
+def host_hardware_spec(
+    name: str, *, cores: int, mem_gib: float, gemm_tflops: Mapping[str, float], copy_gbps: float
+) -> HardwareSpec:
+    """A catalog entry for the host CPU from measured rates (``perfcast calibrate --device cpu``).
+
+    ``gemm_tflops`` maps dtypes to the measured GEMM rate (used as the peaks: a CPU has no
+    datasheet the roofline could use); ``copy_gbps`` is the measured copy bandwidth.
+    """
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "cpu"
+    fp32 = float(gemm_tflops.get("fp32") or max(gemm_tflops.values()))
+    return HardwareSpec(
+        id=f"host-{slug}",
+        vendor="host",
+        name=f"{name} (host CPU, measured)",
+        form_factor="CPU",
+        architecture=None,
+        sm_count=cores,
+        boost_clock_mhz=None,
+        peak_fp64_tflops=fp32 / 2,
+        peak_fp64_matrix_tflops=None,
+        peak_fp32_tflops=fp32,
+        peak_tf32_tflops=None,
+        peak_fp16_tflops=float(gemm_tflops.get("fp16") or fp32),
+        peak_bf16_tflops=float(gemm_tflops.get("bf16") or fp32),
+        peak_fp8_tflops=None,
+        peak_fp4_tflops=None,
+        peak_int8_tops=None,
+        mem_gib=mem_gib,
+        mem_type="DRAM",
+        mem_bw_gbps=copy_gbps,
+        l2_cache_mib=None,
+        tdp_w=None,
+        intra_node_link="host memory",
+        intra_node_bw_gbps=2 * copy_gbps,
+        pcie_gen=None,
+        typical_gpus_per_node=1,
+        release_year=None,
+        default_fabric=HOST_FABRIC,
+        source="measured by perfcast calibrate --device cpu (GEMM rate and copy bandwidth)",
+        notes="Peaks are measured rates, not a datasheet.",
+        confidence="low",
+    )
+
+
+USER_HARDWARE_ENV = "PERFCAST_HARDWARE_DIR"
+"""Environment variable naming the folder of the user's own hardware entries."""
+
+
+def user_hardware_dir() -> Path:
+    """Folder of the user's own hardware entries (``$PERFCAST_HARDWARE_DIR`` or ~/.config/perfcast/hardware)."""
+    return Path(os.environ.get(USER_HARDWARE_ENV) or Path.home() / ".config" / "perfcast" / "hardware")
+
+
+def add_user_hardware(spec: HardwareSpec, directory: Path | None = None) -> Path:
+    """Save ``spec`` as a user entry (``<dir>/<id>.json``); later lookups in any process find it.
+
+    Raises:
+        SpecError: the id is a shipped catalog entry.
+    """
+    if spec.id in _load_dir(HardwareSpec, _ACCELERATOR_DIR):
+        raise SpecError(f"id={spec.id!r} is a catalog entry; give your hardware another id")
+    directory = Path(directory) if directory is not None else user_hardware_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{spec.id}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(spec.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    for cached in (_load_hardware, _alias_index, _suggestion_candidates):
+        cached.cache_clear()
+    return path
+
+
 @lru_cache(maxsize=1)
 def _load_hardware() -> Mapping[str, HardwareSpec]:
-    return MappingProxyType(_load_dir(HardwareSpec, _ACCELERATOR_DIR))
+    """The shipped catalog plus the user's entries (which may not reuse a shipped id)."""
+    entries = _load_dir(HardwareSpec, _ACCELERATOR_DIR)
+    user = user_hardware_dir()
+    for path in sorted(user.glob("*.json")) if user.is_dir() else ():
+        spec = HardwareSpec.from_file(path)
+        if spec.id in entries:
+            raise SpecError(f"{path}: id={spec.id!r} shadows a catalog entry; rename it")
+        entries[spec.id] = spec
+    return MappingProxyType(entries)
 
 
 @lru_cache(maxsize=1)

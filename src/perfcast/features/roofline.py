@@ -50,15 +50,22 @@ def roofline_time_s(ops: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
     return np.where(is_comm, np.nan, np.maximum(compute, memory))
 
 
+def _numeric(ops: pd.DataFrame, name: str) -> np.ndarray:
+    """A numeric column as floats; zeros when the table has no such column (compute-only tables)."""
+    if name not in ops:
+        return np.zeros(len(ops))
+    return pd.to_numeric(ops[name], errors="coerce").fillna(0).to_numpy(dtype=float)
+
+
 def op_time_ms(ops: pd.DataFrame, cluster: ClusterSpec) -> np.ndarray:
     """Analytic time of every op (compute and collective) on one GPU of ``cluster``, ms."""
     kinds = op_kinds(ops)
     compute = roofline_time_s(ops, cluster.gpu)
     comm = collective_time_s(
         kinds,
-        ops["bytes"].to_numpy(dtype=float),
-        ops["n_ranks"].to_numpy(dtype=float),
-        ops["ranks_per_node"].to_numpy(dtype=float),
+        _numeric(ops, "bytes"),
+        _numeric(ops, "n_ranks"),
+        _numeric(ops, "ranks_per_node"),
         intra_bw_gbps=cluster.intra_node_bw_gbps,
         inter_bw_gbps=cluster.inter_node_bw_gbps,
         intra_latency_us=cluster.intra_node_latency_us,

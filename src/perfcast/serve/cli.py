@@ -19,6 +19,7 @@ from rich.table import Table
 
 from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
 from perfcast.errors import PerfcastError
+from perfcast.serve.calibrate_cmd import calibrate_command
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.hardware_cmd import hardware_app
 from perfcast.serve.profile_cmd import profile_command
@@ -40,6 +41,7 @@ app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
 app.command("profile")(profile_command)
 app.add_typer(train_app, name="train")
+app.command("calibrate")(calibrate_command)
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)
@@ -192,15 +194,24 @@ def predict_ops(
         None, "--model", help="'analytic', a bundle folder or an MLflow URI (models:/NAME/VERSION); default: shipped."
     ),
     coverage: float = typer.Option(0.9, "--coverage", help="Nominal coverage of the interval pred_lo_ms..pred_hi_ms."),
+    calibration: bool = typer.Option(
+        True, "--calibration/--no-calibration", help="Apply stored per-GPU corrections (perfcast calibrate)."
+    ),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict the time of every op in an op table, with an interval."""
+    from perfcast.models.calibration import CalibratedPredictor, load_corrections
     from perfcast.serve.batch import predict_ops_table
+    from perfcast.serve.calibrate_cmd import calibration_dir
     from perfcast.serve.predictors import load_op_predictor
 
     def run() -> None:
         ops = read_table(_input(input_path, "ops.csv"))
         predictor = load_op_predictor(model)
+        corrections = load_corrections(calibration_dir()) if calibration else {}
+        if corrections:
+            _err.print(f"[dim]applying calibrations of {', '.join(sorted(corrections))} ({calibration_dir()})[/dim]")
+            predictor = CalibratedPredictor(predictor, corrections)
         result = predict_ops_table(ops, predictor=predictor, coverage=coverage)
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())

@@ -157,9 +157,7 @@ def markdown_table(result: LogoResult) -> str:
     return "\n".join(lines)
 
 
-def few_shot_curve(
-    predictions: pd.DataFrame, *, ks: tuple[int, ...] = (0, 5, 20, 100), seeds: int = 5
-) -> pd.DataFrame:
+def few_shot_curve(predictions: pd.DataFrame, *, ks: tuple[int, ...] = (0, 5, 20, 100), seeds: int = 5) -> pd.DataFrame:
     """MAPE on each held-out GPU after a few-shot correction fitted on ``k`` of its ops.
 
     For every held-out GPU and class, ``k`` of its rows (seeded draws) give the class's

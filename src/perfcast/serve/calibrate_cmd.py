@@ -1,0 +1,105 @@
+"""``perfcast calibrate``: fit a per-GPU correction from a minute of measurements on this machine.
+
+It profiles a short sweep of GEMMs and vector ops on the device, predicts the same ops
+with the op predictor, and stores the per-class correction
+(:mod:`perfcast.models.calibration`) under the calibration folder, where later
+``perfcast predict ops`` runs pick it up for that GPU. On a CPU the host becomes a user
+hardware entry built from the measured GEMM rate and copy bandwidth.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from perfcast.errors import PerfcastError
+
+EXIT_USER_ERROR = 2
+CALIBRATION_ENV = "PERFCAST_CALIBRATION_DIR"
+CALIBRATION_FAMILIES = ("gemm", "elementwise", "norm", "softmax")
+_err = Console(stderr=True, soft_wrap=True)
+
+
+def calibration_dir() -> Path:
+    """Where corrections live: ``$PERFCAST_CALIBRATION_DIR`` or ~/.config/perfcast/calibration."""
+    return Path(os.environ.get(CALIBRATION_ENV) or Path.home() / ".config" / "perfcast" / "calibration")
+
+
+def _host_gpu_id(name: str, card: dict) -> str:
+    """Save the host as a user hardware entry from the profile's measured rates; return its id."""
+    from perfcast.features.hardware import add_user_hardware, host_hardware_spec
+
+    rates = card["extra"]["method"]["calibration"]
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    spec = host_hardware_spec(
+        name,
+        cores=os.cpu_count() or 1,
+        mem_gib=round(mem_gib, 1),
+        gemm_tflops={k: v for k, v in rates["gemm_tflops"].items() if v},
+        copy_gbps=float(rates["copy_gbps"]),
+    )
+    path = add_user_hardware(spec)
+    _err.print(f"host entry {spec.id} saved to {path}")
+    return spec.id
+
+
+def calibrate_command(
+    device: str = typer.Option("cuda", "--device", help="cuda or cpu: the device to measure."),
+    budget_s: float = typer.Option(60.0, "--budget-s", help="Measurement budget, seconds."),
+    model: str | None = typer.Option(None, "--model", help="Op predictor: 'analytic', a bundle or an MLflow URI."),
+    dtype: str | None = typer.Option(None, "--dtype", help="Dtype to measure (default: bf16 on cuda, fp32 on cpu)."),
+    store: Path | None = typer.Option(None, "--store", help="Calibration folder (default: $PERFCAST_CALIBRATION_DIR)."),
+) -> None:
+    """Measure a short sweep on this device and store its per-GPU correction."""
+    from perfcast.data.profiler import run_profile
+    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.sweeps import profile_plan
+    from perfcast.models.calibration import fit_correction, save_correction
+    from perfcast.serve.predictors import load_op_predictor
+
+    def run() -> None:
+        chosen = dtype or ("bf16" if device == "cuda" else "fp32")
+        plan = profile_plan(CALIBRATION_FAMILIES, [chosen])
+        with tempfile.TemporaryDirectory(prefix="perfcast-calibrate-") as tmp:
+            _err.print(f"measuring up to {budget_s:.0f} s on {device} ({chosen})")
+            result = run_profile(plan, device, Path(tmp) / "profile", budget_s=budget_s, resume=False)
+        if result.records.empty:
+            raise PerfcastError("no op could be measured within the budget; raise --budget-s")
+        info = result.card["extra"]["device"]
+        gpu = _host_gpu_id(info["name"], result.card) if device == "cpu" else resolve_gpu_name(info["name"])
+        records = result.records.assign(gpu=gpu)
+        predictor = load_op_predictor(model)
+        pred, _, _ = predictor.predict_ops(records)
+        measured = records["measured_ms"].to_numpy(dtype=float)
+        correction = fit_correction(gpu, records, measured, np.asarray(pred), model=predictor.name)
+        path = save_correction(correction, store or calibration_dir())
+        _report(correction, records, measured, np.asarray(pred))
+        _err.print(f"correction for {gpu} saved to {path}; perfcast predict ops applies it to {gpu} rows")
+
+    try:
+        run()
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+def _report(correction, records: pd.DataFrame, measured: np.ndarray, pred: np.ndarray) -> None:  # type: ignore[no-untyped-def]
+    from perfcast.features.ops import op_classes, op_kinds
+
+    classes = op_classes(op_kinds(records))
+    table = Table(title=f"calibration of {correction.gpu} (in-sample, on the measured ops)")
+    for col in ("class", "ops", "factor", "MAPE before %", "MAPE after %"):
+        table.add_column(col)
+    for cls, shift in correction.shifts.items():
+        m = classes == cls
+        before = float(np.mean(np.abs(pred[m] / measured[m] - 1)) * 100)
+        after = float(np.mean(np.abs(pred[m] * np.exp(shift) / measured[m] - 1)) * 100)
+        table.add_row(cls, str(correction.n_ops[cls]), f"{np.exp(shift):.3f}", f"{before:.1f}", f"{after:.1f}")
+    Console().print(table)
