@@ -24,12 +24,12 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from perfcast._version import perfcast_version
 from perfcast.data.records import REASON_COLUMN
 from perfcast.data.validate import GpuResolver, check_op_records, check_run_records
 from perfcast.errors import DatasetError
@@ -68,13 +68,6 @@ def content_hash(df: pd.DataFrame) -> str:
     return digest.hexdigest()
 
 
-def _perfcast_version() -> str:
-    try:
-        return metadata.version("perfcast")
-    except metadata.PackageNotFoundError:
-        return "unknown"
-
-
 def _reason_counts(rejected: pd.DataFrame) -> dict[str, int]:
     if rejected.empty or REASON_COLUMN not in rejected:
         return {}
@@ -107,7 +100,7 @@ def build_card(
         "source": source,
         "how_measured": how_measured,
         "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "perfcast_version": _perfcast_version(),
+        "perfcast_version": perfcast_version(),
         "tables": {kind: _summary(df) for kind, df in tables.items()},
         "rejected": {"rows": len(rejected), "by_reason": _reason_counts(rejected)},
         "extra": extra or {},

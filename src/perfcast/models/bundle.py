@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfcast._version import perfcast_version
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION
 from perfcast.features.ops import OpClass, op_classes, op_kinds
@@ -67,13 +68,6 @@ def catalog_hash() -> str:
                 digest.update(res.read_bytes())
                 digest.update(b"\0")
     return digest.hexdigest()
-
-
-def _perfcast_version() -> str:
-    try:
-        return metadata.version("perfcast")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 
 def _json_default(value: Any) -> Any:
@@ -171,7 +165,7 @@ def save_bundle(
         manifest: dict[str, Any] = {
             "format": BUNDLE_FORMAT,
             "schema_version": BUNDLE_SCHEMA_VERSION,
-            "perfcast_version": _perfcast_version(),
+            "perfcast_version": perfcast_version(),
             "xgboost_version": _xgboost_version(),
             "feature_spec_version": FEATURE_SPEC_VERSION,
             "catalog_sha256": catalog_hash(),
