@@ -90,6 +90,20 @@ class OpPredictorBundle:
     collective_model: Any = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def name(self) -> str:
+        """How predictions name this predictor: ``bundle:<folder>``."""
+        return f"bundle:{Path(self.path).name}" if self.path is not None else "bundle"
+
+    def out_of_domain(self, ops: pd.DataFrame) -> np.ndarray:
+        """Boolean per row: a learned model predicts it outside its training range."""
+        flags = np.zeros(len(ops), dtype=bool)
+        if self.op_model is not None and len(ops):
+            learned = np.isin(op_classes(op_kinds(ops)), sorted(set(self.op_model.boosters_)))
+            if learned.any():
+                flags[learned] = self.op_model.out_of_domain(ops.loc[learned])
+        return flags
+
     def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``.
 

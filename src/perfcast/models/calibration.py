@@ -100,6 +100,11 @@ class CalibratedPredictor:
         self.corrections = dict(corrections)
         self.name = f"{getattr(base, 'name', 'model')}+calibrated"
 
+    def out_of_domain(self, ops: pd.DataFrame) -> np.ndarray:
+        """The base predictor's out-of-domain flags (all False when it has none)."""
+        flags = getattr(self.base, "out_of_domain", None)
+        return flags(ops) if flags is not None else np.zeros(len(ops), dtype=bool)
+
     def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pred, lo, hi) in ms, corrected on the GPUs that have a correction."""
         pred, lo, hi = (np.array(a, dtype=float) for a in self.base.predict_ops(ops, coverage=coverage))

@@ -25,6 +25,8 @@ from perfcast.models import analytic
 logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE = 0.9
+OUT_OF_DOMAIN_COLUMN = "out_of_domain"
+"""True where a learned predictor extrapolates beyond its training GPUs or shapes."""
 
 ProgressFn = Callable[[int], None]
 
@@ -155,7 +157,8 @@ def predict_ops_table(
 
     Returns:
         The input rows, in order, with ``pred_ms``, ``pred_lo_ms``, ``pred_hi_ms`` (NaN
-        when the predictor has no interval) and ``error`` added.
+        when the predictor has no interval), ``out_of_domain`` (learned predictors) and
+        ``error`` added.
     """
     if not 0.0 < coverage < 1.0:
         raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
@@ -175,6 +178,10 @@ def predict_ops_table(
         pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
+        flag_rows = getattr(predictor, "out_of_domain", None)
+        if flag_rows is not None:
+            out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
+            out.iloc[good, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = flag_rows(rows)
     if progress is not None:
         progress(len(ops))
     return out

@@ -1,0 +1,52 @@
+"""`--model` resolution and the shipped default op predictor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfcast.errors import BundleError
+from perfcast.models.analytic import AnalyticOpPredictor
+from perfcast.models.bundle import OpPredictorBundle
+from perfcast.serve.batch import OUT_OF_DOMAIN_COLUMN, predict_ops_table
+from perfcast.serve.predictors import default_bundle_path, load_op_predictor
+
+OPS = pd.DataFrame(
+    {
+        "op": ["matmul", "layernorm", "allreduce", "matmul"],
+        "batch": [1, None, None, 1],
+        "m": [4096, None, None, 4096],
+        "n": [4096, None, None, 4096],
+        "k": [4096, None, None, 4096],
+        "rows": [None, 8192, None, None],
+        "cols": [None, 4096, None, None],
+        "bytes": [None, None, 1 << 26, None],
+        "n_ranks": [None, None, 8, None],
+        "dtype": ["fp16", "fp16", "fp16", "fp16"],
+        "gpu": ["a100-sxm4-80gb", "a100-sxm4-80gb", "a100-sxm4-80gb", "no-such-gpu"],
+    }
+)
+
+
+@pytest.mark.skipif(not (default_bundle_path() / "manifest.json").is_file(), reason="no default bundle in this build")
+def test_default_bundle_answers_with_intervals_and_flags() -> None:
+    predictor = load_op_predictor(None)
+    assert isinstance(predictor, OpPredictorBundle)
+    out = predict_ops_table(OPS, predictor=predictor)
+    good = out.iloc[:3]
+    assert (good["pred_ms"] > 0).all()
+    assert (good["pred_lo_ms"].iloc[:2] <= good["pred_ms"].iloc[:2]).all()
+    assert np.isnan(good["pred_lo_ms"].iloc[2])  # collectives: alpha-beta, no interval
+    assert out[OUT_OF_DOMAIN_COLUMN].iloc[:3].notna().all() and pd.isna(out[OUT_OF_DOMAIN_COLUMN].iloc[3])
+    assert "not in the hardware catalog" in out["error"].iloc[3]
+
+
+def test_analytic_and_bad_references(tmp_path: Path) -> None:
+    assert isinstance(load_op_predictor("analytic"), AnalyticOpPredictor)
+    with pytest.raises(BundleError, match="not 'analytic', a bundle folder or an MLflow URI"):
+        load_op_predictor(str(tmp_path / "missing"))
+    with pytest.raises(BundleError):
+        load_op_predictor(str(tmp_path))  # a folder without a manifest
