@@ -8,6 +8,7 @@ nothing crashes, nothing is dropped.
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -16,7 +17,7 @@ import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
-from perfcast.errors import PerfcastError, SpecError
+from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.run_config import parse_run_row
@@ -175,13 +176,23 @@ def predict_ops_table(
         rows = ops.iloc[good].copy()
         rows["dtype"] = rows["dtype"].fillna(DType.BF16.value) if "dtype" in rows else DType.BF16.value
         rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
-        pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
+        with warnings.catch_warnings():  # reported once below, per row in the out_of_domain column
+            warnings.simplefilter("ignore", OutOfDomainWarning)
+            pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
         flag_rows = getattr(predictor, "out_of_domain", None)
         if flag_rows is not None:
+            flags = np.asarray(flag_rows(rows), dtype=bool)
+            if flags.any():
+                warnings.warn(
+                    f"{int(flags.sum())} of {len(rows)} rows lie outside the predictor's training range "
+                    f"(see the {OUT_OF_DOMAIN_COLUMN} column): their predictions extrapolate",
+                    OutOfDomainWarning,
+                    stacklevel=2,
+                )
             out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
-            out.iloc[good, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = flag_rows(rows)
+            out.iloc[good, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = flags
     if progress is not None:
         progress(len(ops))
     return out
