@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from perfcast.data.schema import RUN_BOOL_COLUMNS, RUN_INT_COLUMNS
+from perfcast.data.tables import RUN_COLUMNS
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
@@ -42,23 +43,7 @@ MODEL_FIELDS = (
     "moe_ffn_hidden_size",
     "moe_layer_freq",
 )
-PARALLEL_FIELDS = (
-    "tp",
-    "pp",
-    "dp",
-    "cp",
-    "ep",
-    "micro_batch",
-    "global_batch",
-    "vpp",
-    "sequence_parallel",
-    "zero_stage",
-    "recompute",
-    "finetune",
-    "lora_rank",
-    "dtype",
-    "flash_attention",
-)
+PARALLEL_FIELDS = (*RUN_COLUMNS[RUN_COLUMNS.index("tp") : RUN_COLUMNS.index("dtype") + 1], "flash_attention")
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}

@@ -81,6 +81,8 @@ class Group:
 
 SHAPE_COLUMNS = OP_SHAPE_COLUMNS
 NODE_COLUMNS = ("node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat", *SHAPE_COLUMNS)
+_NON_GEMM_SHAPE = ("batch", "rows", "cols", "scalar", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal")
+"""Shape fields a vector or attention op's backward keeps from its forward."""
 _CONJUGATE = {
     OpType.ALLGATHER: OpType.REDUCESCATTER,
     OpType.REDUCESCATTER: OpType.ALLGATHER,
@@ -423,36 +425,23 @@ def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gp
     per_expert = -(-routed // local)
     f = model.expert_ffn_size // p.tp
     ep_rpn = group_ranks_per_node(p.tp * p.cp, p.ep, gpus_per_node)
+
+    def alltoall(name: str) -> None:
+        """Token exchange with the other expert-parallel ranks (dispatch or combine)."""
+        if p.ep > 1:
+            b.add(name, scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP, bytes=routed * h * ctx.act_bytes,
+                  n_ranks=p.ep, ranks_per_node=ep_rpn)  # fmt: skip
+
     b.add("moe.router", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=model.num_experts)
     b.add("moe.router_softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=model.num_experts)
-    if p.ep > 1:
-        b.add(
-            "moe.dispatch",
-            scope,
-            Phase.FORWARD,
-            OpType.ALLTOALL,
-            group=Group.EP,
-            bytes=routed * h * ctx.act_bytes,
-            n_ranks=p.ep,
-            ranks_per_node=ep_rpn,
-        )
+    alltoall("moe.dispatch")
     gemm = _gemm_op(model, local)
     b.add("moe.up", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=h, n=f * (2 if model.gated_mlp else 1))
     b.add("moe.act", scope, Phase.FORWARD, _activation_op(model), rows=routed, cols=f)
     if model.gated_mlp:
         b.add("moe.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=routed, cols=f)
     b.add("moe.down", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=f, n=h)
-    if p.ep > 1:
-        b.add(
-            "moe.combine",
-            scope,
-            Phase.FORWARD,
-            OpType.ALLTOALL,
-            group=Group.EP,
-            bytes=routed * h * ctx.act_bytes,
-            n_ranks=p.ep,
-            ranks_per_node=ep_rpn,
-        )
+    alltoall("moe.combine")
 
 
 def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> list[int]:
@@ -520,22 +509,7 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
             else:
                 b.add(f"{name}.bwd", scope, Phase.BACKWARD, _CONJUGATE[op], bytes=row["bytes"], **comm)
         else:
-            shape = {
-                k: row[k]
-                for k in (
-                    "batch",
-                    "rows",
-                    "cols",
-                    "scalar",
-                    "heads",
-                    "kv_heads",
-                    "seq_q",
-                    "seq_kv",
-                    "head_dim",
-                    "causal",
-                )
-                if k in row
-            }
+            shape = {k: row[k] for k in _NON_GEMM_SHAPE if k in row}
             b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, backward=True, **shape)
 
 
