@@ -21,6 +21,7 @@ from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
 from perfcast.errors import PerfcastError
 from perfcast.serve.calibrate_cmd import calibrate_command
 from perfcast.serve.data_cmd import data_app
+from perfcast.serve.evaluate_cmd import evaluate_app
 from perfcast.serve.hardware_cmd import hardware_app
 from perfcast.serve.profile_cmd import profile_command
 from perfcast.serve.train_cmd import train_app
@@ -42,6 +43,7 @@ app.add_typer(data_app, name="data")
 app.command("profile")(profile_command)
 app.add_typer(train_app, name="train")
 app.command("calibrate")(calibrate_command)
+app.add_typer(evaluate_app, name="evaluate")
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)
