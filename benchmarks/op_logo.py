@@ -2,10 +2,10 @@
 
 Reads the public kernel data in ``../shared/data`` (NeuSight fp32 GEMM and vector kernels
 on 8 GPUs; optionally Vidur's fp16 layer ops and DeepBench GEMMs), holds out each GPU in
-turn, and writes ``benchmarks/results/op_logo.{json,md}``: per held-out GPU and class,
-MAPE, median and p90 APE of the model and of the two baselines, the coverage and relative
-width of the 90% interval, the medians over GPUs, and the time to fit on all rows
-(median of ``--repeats``).
+turn, and writes ``benchmarks/results/<name>.{json,md}`` (``--name``, default ``op_logo``):
+per held-out GPU and class, MAPE, median and p90 APE of the model and of the two
+baselines, the coverage and relative width of the 90% interval, the medians over GPUs,
+and the time to fit on all rows (median of ``--repeats``).
 
 It also writes the few-shot curve: the held-out GPU's MAPE after a correction fitted on
 k = 5, 20, 100 of its measured ops.
@@ -52,6 +52,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--sources", default="neusight-gemm,neusight-vector")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--name", default="op_logo", help="Result file stem under benchmarks/results.")
     args = parser.parse_args()
 
     frames = []
@@ -88,16 +89,16 @@ def main() -> None:
         "logo_total_s": logo_s,
     }
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "op_logo.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     text = (
         f"# Op predictor, leave-one-GPU-out ({', '.join(result['sources'])}; {len(records)} rows)\n\n"
-        "Command: `.venv/bin/python benchmarks/op_logo.py`\n\n"
+        f"Command: `.venv/bin/python benchmarks/op_logo.py --sources {args.sources} --name {args.name}`\n\n"
         + markdown_table(logo)
         + "\n\nFew-shot correction (median MAPE over held-out GPUs, k measured ops of the held-out GPU):\n\n"
         + _markdown(few_median)
         + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
     )
-    (OUT / "op_logo.md").write_text(text)
+    (OUT / f"{args.name}.md").write_text(text)
     print(text)
 
 
