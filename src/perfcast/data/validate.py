@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
 from perfcast.data.schema import (
     FINETUNE_NAMES,
     OP_BOOL_COLUMNS,
@@ -48,25 +48,6 @@ _TRUE = {"1", "1.0", "true", "yes", "y", "t"}
 _FALSE = {"0", "0.0", "false", "no", "n", "f", ""}
 
 
-class _Reasons:
-    """Collects rejection reasons per row."""
-
-    def __init__(self, index: pd.Index) -> None:
-        self.text = pd.Series("", index=index, dtype=object)
-
-    def add(self, mask: pd.Series | np.ndarray, reason: str | pd.Series) -> None:
-        mask = pd.Series(np.asarray(mask, dtype=bool), index=self.text.index)
-        if not mask.any():
-            return
-        why = reason[mask] if isinstance(reason, pd.Series) else reason
-        current = self.text[mask]
-        self.text[mask] = current.where(current == "", current + "; ") + why
-
-    @property
-    def bad(self) -> pd.Series:
-        return self.text != ""
-
-
 def _require(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
     missing = [c for c in columns if c not in df.columns]
     if missing:
@@ -82,7 +63,9 @@ def _bool_column(values: pd.Series) -> tuple[pd.Series, pd.Series]:
     return parsed, ~(text.isin(_TRUE) | text.isin(_FALSE))
 
 
-def _typed(df: pd.DataFrame, ints: Iterable[str], bools: Iterable[str], floats: Iterable[str], r: _Reasons) -> None:
+def _typed(
+    df: pd.DataFrame, ints: Iterable[str], bools: Iterable[str], floats: Iterable[str], r: RejectionReasons
+) -> None:
     """Coerce typed columns in place, recording unreadable cells."""
     for col in ints:
         if col not in df:
@@ -103,7 +86,7 @@ def _typed(df: pd.DataFrame, ints: Iterable[str], bools: Iterable[str], floats: 
             df[col] = pd.to_numeric(df[col], errors="coerce").astype(float)
 
 
-def _canonical(values: pd.Series, parse: Callable[[str], str], field: str, r: _Reasons) -> pd.Series:
+def _canonical(values: pd.Series, parse: Callable[[str], str], field: str, r: RejectionReasons) -> pd.Series:
     """Map a name column through ``parse`` (per distinct value), rejecting what it refuses."""
     mapping: dict[object, str | None] = {}
     errors: dict[object, str] = {}
@@ -119,7 +102,7 @@ def _canonical(values: pd.Series, parse: Callable[[str], str], field: str, r: _R
     return out
 
 
-def _gpu_ids(values: pd.Series, resolve_gpu: GpuResolver | None, r: _Reasons) -> pd.Series:
+def _gpu_ids(values: pd.Series, resolve_gpu: GpuResolver | None, r: RejectionReasons) -> pd.Series:
     def parse(name: str) -> str:
         if not name or name.lower() == "nan":
             raise ValueError("gpu is missing")
@@ -130,15 +113,15 @@ def _gpu_ids(values: pd.Series, resolve_gpu: GpuResolver | None, r: _Reasons) ->
     return _canonical(values, parse, "gpu", r)
 
 
-def _split(df: pd.DataFrame, r: _Reasons, source_columns: pd.DataFrame) -> ReadResult:
-    bad = r.bad
-    rejected = source_columns[bad.to_numpy()].copy()
-    rejected[REASON_COLUMN] = r.text[bad].to_numpy()
+def _split(df: pd.DataFrame, r: RejectionReasons, source_columns: pd.DataFrame) -> ReadResult:
+    bad = ~r.ok
+    rejected = source_columns[bad].copy()
+    rejected[REASON_COLUMN] = r.text[bad]
     # rejected rows keep the input's index, so callers can report them by row
-    return ReadResult(records=df[~bad.to_numpy()].reset_index(drop=True), rejected=rejected)
+    return ReadResult(records=df[~bad].reset_index(drop=True), rejected=rejected)
 
 
-def _positive_times(df: pd.DataFrame, columns: Iterable[str], r: _Reasons) -> None:
+def _positive_times(df: pd.DataFrame, columns: Iterable[str], r: RejectionReasons) -> None:
     for col in columns:
         if col not in df:
             continue
@@ -157,7 +140,7 @@ def check_op_records(records: pd.DataFrame, *, resolve_gpu: GpuResolver | None =
     """
     _require(records, OP_RECORD_REQUIRED, "op records")
     df = records.copy()
-    r = _Reasons(df.index)
+    r = RejectionReasons(len(df))
     _typed(df, OP_INT_COLUMNS, OP_BOOL_COLUMNS, OP_TIME_COLUMNS, r)
     df["op"] = _canonical(df["op"], lambda v: OpType(v.lower()).value, "op", r)
     df["dtype"] = _canonical(df["dtype"], lambda v: DType.parse(v).value, "dtype", r)
@@ -185,7 +168,7 @@ def check_run_records(records: pd.DataFrame, *, resolve_gpu: GpuResolver | None 
     """
     _require(records, RUN_RECORD_REQUIRED, "run records")
     df = records.copy()
-    r = _Reasons(df.index)
+    r = RejectionReasons(len(df))
     _typed(df, RUN_INT_COLUMNS, RUN_BOOL_COLUMNS, RUN_TIME_COLUMNS, r)
     df["dtype"] = _canonical(df["dtype"], lambda v: DType.parse(v).value, "dtype", r)
     df["gpu"] = _gpu_ids(df["gpu"], resolve_gpu, r)

@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.schema import DType, OpType
 from perfcast.data.tables import read_table
 from perfcast.errors import DatasetError
@@ -86,28 +86,6 @@ def _check_columns(raw: pd.DataFrame, required: Sequence[str], path: str | Path,
         raise DatasetError(f"{path}: missing required {what} columns: {', '.join(missing)}")
 
 
-class _Reasons:
-    """Rejection reasons per row, joined by ``"; "``; empty string when the row is accepted."""
-
-    def __init__(self, n: int) -> None:
-        self.text = np.full(n, "", dtype=object)
-
-    def add(self, mask: pd.Series | np.ndarray, reason: str | np.ndarray) -> None:
-        hit = np.asarray(mask, dtype=bool)
-        if not hit.any():
-            return
-        why = reason[hit] if isinstance(reason, np.ndarray) else reason
-        current = self.text[hit]
-        self.text[hit] = np.where(current == "", why, current + "; " + why)
-
-    def split(self, raw: pd.DataFrame, path: str | Path) -> tuple[np.ndarray, pd.DataFrame]:
-        ok = self.text == ""
-        if not ok.all():
-            logger.info("%s: rejected %d of %d rows", path, int((~ok).sum()), len(raw))
-        rejected = raw[~ok].assign(**{REASON_COLUMN: self.text[~ok]}).reset_index(drop=True)
-        return ok, rejected
-
-
 def _number(raw: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(raw[col], errors="coerce").astype("float64")
 
@@ -125,7 +103,7 @@ def _text(raw: pd.DataFrame, col: str) -> pd.Series:
     return raw[col].astype("string").str.strip().fillna("").astype(object)
 
 
-def _gpu_and_source(raw: pd.DataFrame, reasons: _Reasons, path: str | Path) -> tuple[pd.Series, pd.Series]:
+def _gpu_and_source(raw: pd.DataFrame, reasons: RejectionReasons, path: str | Path) -> tuple[pd.Series, pd.Series]:
     gpu = _text(raw, "gpu")
     reasons.add((gpu == "").to_numpy(), "gpu is missing")
     if "source_path" in raw:
@@ -169,7 +147,7 @@ def read_deepbench_gemm(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     _check_columns(raw, GEMM_REQUIRED, path, "DeepBench GEMM")
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     dims = {c: _number(raw, c) for c in ("M", "N", "K")}
     for col, value in dims.items():
         reasons.add(_bad_positive_int(value), f"{col} is not a positive integer")
@@ -227,7 +205,7 @@ def read_deepbench_allreduce(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     _check_columns(raw, ALLREDUCE_REQUIRED, path, "DeepBench all-reduce")
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     size = _number(raw, "size_floats")
     ranks = _number(raw, "n_devices")
     reasons.add(_bad_positive_int(size), "size_floats is not a positive integer")

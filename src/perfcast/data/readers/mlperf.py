@@ -75,7 +75,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.tables import RUN_COLUMNS, read_table
 from perfcast.errors import DatasetError
 
@@ -185,20 +185,6 @@ def read_mlperf_bert_systems(path: str | Path) -> ReadResult:
     return _read(path, BERT_SYSTEMS_REQUIRED, llm=False, runs=False)
 
 
-class _Reasons:
-    """Rejection reasons per row, joined by ``"; "``."""
-
-    def __init__(self, n: int) -> None:
-        self.text = np.full(n, "", dtype=object)
-
-    def add(self, mask: pd.Series | np.ndarray, reason: str | pd.Series) -> None:
-        hit = np.asarray(mask, dtype=bool)
-        if not hit.any():
-            return
-        why = reason.to_numpy(dtype=object)[hit] if isinstance(reason, pd.Series) else reason
-        self.text[hit] = np.where(self.text[hit] == "", why, self.text[hit] + "; " + why)
-
-
 def _num(raw: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(raw[col], errors="coerce").astype("float64")
 
@@ -228,19 +214,16 @@ def _read(path: str | Path, required: tuple[str, ...], *, llm: bool, runs: bool)
     if missing:
         raise DatasetError(f"{path}: missing required MLPerf columns: {', '.join(missing)}")
     raw = raw.reset_index(drop=True)
-    r = _Reasons(len(raw))
+    r = RejectionReasons(len(raw))
     _availability_checks(raw, r, runs=runs)
     fields, defaulted = _layout(raw, r, llm=llm)
     times = _times(raw, r, llm=llm, runs=runs)
-    ok = r.text == ""
-    if not ok.all():
-        logger.info("%s: rejected %d of %d rows", path, int((~ok).sum()), len(raw))
+    ok, rejected = r.split(raw, path)
     records = _records(raw[ok], fields[ok], defaulted[ok], times[ok], runs=runs)
-    rejected = raw[~ok].assign(**{REASON_COLUMN: r.text[~ok]}).reset_index(drop=True)
     return ReadResult(records=records, rejected=rejected)
 
 
-def _availability_checks(raw: pd.DataFrame, r: _Reasons, *, runs: bool) -> None:
+def _availability_checks(raw: pd.DataFrame, r: RejectionReasons, *, runs: bool) -> None:
     """Reject missing logs, re-listed runs and unsuccessful runs."""
     if runs:
         r.add(_flag(raw["log_missing_in_snapshot"]).fillna(False), "run log missing from the snapshot")
@@ -257,7 +240,7 @@ def _availability_checks(raw: pd.DataFrame, r: _Reasons, *, runs: bool) -> None:
     r.add(~(n_success > 0), "no successful run")
 
 
-def _layout(raw: pd.DataFrame, r: _Reasons, *, llm: bool) -> tuple[pd.DataFrame, pd.Series]:
+def _layout(raw: pd.DataFrame, r: RejectionReasons, *, llm: bool) -> tuple[pd.DataFrame, pd.Series]:
     """Model and layout fields of every row (floats; rejected rows may hold NaN) and defaults used."""
     n = len(raw)
     defaulted = [[] for _ in range(n)]
@@ -298,7 +281,7 @@ def _layout(raw: pd.DataFrame, r: _Reasons, *, llm: bool) -> tuple[pd.DataFrame,
     return out, pd.Series([";".join(d) for d in defaulted], index=raw.index, dtype=object)
 
 
-def _llm_layout(raw: pd.DataFrame, r: _Reasons, out: pd.DataFrame, note) -> None:  # noqa: ANN001
+def _llm_layout(raw: pd.DataFrame, r: RejectionReasons, out: pd.DataFrame, note) -> None:  # noqa: ANN001
     tp, pp, cp, vpp = (_num(raw, c) for c in ("cfg_tp", "cfg_pp", "cfg_cp", "cfg_vpp_interleave"))
     rejected_cfg = _flag(raw["config_rejected"]).fillna(False).to_numpy(dtype=bool)
     blank = (tp.isna() | pp.isna()).to_numpy()
@@ -353,7 +336,7 @@ def _bert_layout(raw: pd.DataFrame, out: pd.DataFrame, note) -> None:  # noqa: A
     out["lora_rank"] = 0
 
 
-def _times(raw: pd.DataFrame, r: _Reasons, *, llm: bool, runs: bool) -> pd.DataFrame:
+def _times(raw: pd.DataFrame, r: RejectionReasons, *, llm: bool, runs: bool) -> pd.DataFrame:
     """``timing_scope``, ``measured_step_ms`` and ``measured_ttt_min`` of every row."""
     ttt = _num(raw, "time_to_train_min" if runs else "ttt_min_median_success")
     if llm:

@@ -51,7 +51,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.schema import DType, OpType
 from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
 from perfcast.errors import DatasetError, SpecError
@@ -134,34 +134,6 @@ def _bad_time(value: pd.Series) -> pd.Series:
     return ~(np.isfinite(value) & (value > 0))
 
 
-class _Reasons:
-    """Rejection reasons per row, joined by ``"; "``; empty string when the row is accepted."""
-
-    def __init__(self, n: int) -> None:
-        self.text = np.full(n, "", dtype=object)
-
-    def add(self, mask: pd.Series | np.ndarray, reason: str | np.ndarray) -> None:
-        hit = np.asarray(mask, dtype=bool)
-        if not hit.any():
-            return
-        why = reason[hit] if isinstance(reason, np.ndarray) else reason
-        current = self.text[hit]
-        self.text[hit] = np.where(current == "", why, current + "; " + why)
-
-    @property
-    def ok(self) -> np.ndarray:
-        return self.text == ""
-
-
-def _split(raw: pd.DataFrame, reasons: _Reasons, path: str | Path) -> tuple[np.ndarray, pd.DataFrame]:
-    """(accepted mask, rejected source rows with their reason)."""
-    ok = reasons.ok
-    if not ok.all():
-        logger.info("%s: rejected %d of %d rows", path, int((~ok).sum()), len(raw))
-    rejected = raw[~ok].assign(**{REASON_COLUMN: reasons.text[~ok]}).reset_index(drop=True)
-    return ok, rejected
-
-
 def _map_names(values: pd.Series, parse: Callable[[str], object]) -> tuple[pd.Series, pd.Series]:
     """Map a name column per distinct value; (mapped values, error text or "" per row)."""
     mapping: dict[object, object] = {}
@@ -185,7 +157,7 @@ def _label_to_device(label: pd.Series) -> pd.Series:
     return label.astype("string").str.replace("_", " ", regex=False).astype(object)
 
 
-def _kernel_common(raw: pd.DataFrame, reasons: _Reasons) -> tuple[pd.Series, pd.Series]:
+def _kernel_common(raw: pd.DataFrame, reasons: RejectionReasons) -> tuple[pd.Series, pd.Series]:
     """Shared checks of the kernel files: dtype and latency. Returns (dtype, time)."""
     dtype, dtype_err = _map_names(raw["dtype"], _parse_dtype)
     reasons.add((dtype_err != "").to_numpy(), dtype_err.to_numpy(dtype=object))
@@ -240,7 +212,7 @@ def read_neusight_gemm(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     _check_columns(raw, GEMM_REQUIRED, path, "NeuSight GEMM")
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     op_name = raw["op"].astype("string").str.strip().str.lower()
     op = op_name.map(lambda v: GEMM_OPS[v].value if v in GEMM_OPS else None).astype(object)
     reasons.add(
@@ -251,7 +223,7 @@ def read_neusight_gemm(path: str | Path) -> ReadResult:
     for col in dims:
         reasons.add(_bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
     dtype, time = _kernel_common(raw, reasons)
-    ok, rejected = _split(raw, reasons, path)
+    ok, rejected = reasons.split(raw, path)
     good = raw[ok]
     n = dims[ok].astype("int64")
     records = pd.DataFrame(
@@ -295,7 +267,7 @@ def read_neusight_vector(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     _check_columns(raw, VECTOR_REQUIRED, path, "NeuSight vector")
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     op_name = raw["op"].astype("string").str.strip().str.lower()
     op = op_name.map(lambda v: VECTOR_OPS[v][0].value if v in VECTOR_OPS else None).astype(object)
     scalar = op_name.map(lambda v: VECTOR_OPS[v][1] if v in VECTOR_OPS else False).astype(bool)
@@ -309,7 +281,7 @@ def read_neusight_vector(path: str | Path) -> ReadResult:
     for col in dims:
         reasons.add(_bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
     dtype, time = _kernel_common(raw, reasons)
-    ok, rejected = _split(raw, reasons, path)
+    ok, rejected = reasons.split(raw, path)
     good = raw[ok]
     n = dims[ok].astype("int64")
     records = pd.DataFrame(
@@ -568,7 +540,7 @@ def read_neusight_model_ops(path: str | Path) -> ReadResult:
             raw["node_kind"], raw["target"], raw["input_shapes"], raw["output_shape"], strict=True
         )
     ]
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     reasons.add(
         np.array([isinstance(m, str) for m in mapped]),
         np.array([m if isinstance(m, str) else "" for m in mapped], dtype=object),
@@ -586,7 +558,7 @@ def read_neusight_model_ops(path: str | Path) -> ReadResult:
     reasons.add(is_op & _bad_time(fw).to_numpy(), "fw_latency_ms is missing or not a positive number")
     gpu_text = raw["gpu"].astype("string").str.strip()
     reasons.add(is_op & (gpu_text.isna() | (gpu_text == "")).to_numpy(dtype=bool), "gpu is missing")
-    ok, rejected = _split(raw, reasons, path)
+    ok, rejected = reasons.split(raw, path)
 
     good = raw[ok]
     fields = pd.DataFrame(
@@ -698,7 +670,7 @@ def read_neusight_e2e(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     _check_columns(raw, E2E_REQUIRED, path, "NeuSight e2e")
-    reasons = _Reasons(len(raw))
+    reasons = RejectionReasons(len(raw))
     num = _numbers(raw, (*_E2E_INT_COLUMNS, "pp_num_microbatches", "cfg_ffn", "cfg_num_experts", "e2e_latency_ms"))
     for col in _E2E_INT_COLUMNS:
         reasons.add(_bad_positive_int(num[col]).to_numpy(), f"{col} is not a positive integer")
@@ -726,7 +698,7 @@ def read_neusight_e2e(path: str | Path) -> ReadResult:
     reasons.add((num["cfg_ffn"].notna() & _bad_positive_int(ffn)).to_numpy(), "cfg_ffn is not a positive integer")
     experts = num["cfg_num_experts"]
     reasons.add((experts.notna() & _bad_positive_int(experts)).to_numpy(), "cfg_num_experts is not a positive integer")
-    ok, rejected = _split(raw, reasons, path)
+    ok, rejected = reasons.split(raw, path)
 
     good = raw[ok]
     n = num[ok]

@@ -87,7 +87,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
 from perfcast.data.schema import OpType
 from perfcast.data.tables import read_table
 from perfcast.errors import DatasetError
@@ -275,14 +275,10 @@ def _positive_int_checks(num: pd.DataFrame, columns: tuple[str, ...]) -> list[tu
 
 def _join(index: pd.Index, checks: list[tuple[np.ndarray, str | pd.Series]]) -> pd.Series:
     """Per row, the reasons of the checks it fails joined by ``"; "``; ``""`` when it passes all."""
-    reasons = np.full(len(index), "", dtype=object)
+    reasons = RejectionReasons(len(index))
     for mask, text in checks:
-        hit = np.asarray(mask, dtype=bool)
-        if not hit.any():
-            continue
-        why = text.to_numpy(dtype=object)[hit] if isinstance(text, pd.Series) else text
-        reasons[hit] = np.where(reasons[hit] == "", why, reasons[hit] + "; " + why)
-    return pd.Series(reasons, index=index, dtype="object")
+        reasons.add(mask, text)
+    return pd.Series(reasons.text, index=index, dtype="object")
 
 
 def _op_shapes(

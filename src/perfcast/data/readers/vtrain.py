@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import REASON_COLUMN, ReadResult
+from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
 from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
 from perfcast.errors import DatasetError
 
@@ -169,11 +169,10 @@ def _rejection_reasons(raw: pd.DataFrame, numeric: pd.DataFrame, recompute: pd.S
         bad = value.isna() | (value <= 0) | (value != np.round(value))
         checks.append((bad, f"{col} is not a positive integer"))
     checks.append((recompute.isna(), "activation_checkpointing_in_config is not true/false"))
-    reasons = np.full(len(raw), "", dtype=object)
+    reasons = RejectionReasons(len(raw))
     for mask, text in checks:
-        hit = mask.to_numpy(dtype=bool)
-        reasons[hit] = np.where(reasons[hit] == "", text, reasons[hit] + "; " + text)
-    return pd.Series(reasons, index=raw.index, dtype="object")
+        reasons.add(mask, text)
+    return pd.Series(reasons.text, index=raw.index, dtype="object")
 
 
 _EXTRA_RUN_COLUMNS = ("tied_embeddings", "flash_attention", "timing_scope")
@@ -293,12 +292,10 @@ def read_vtrain_nccl(path: str | Path) -> ReadResult:
         checks.append((value.isna() | (value <= 0) | (value != np.round(value)), f"{col} is not a positive integer"))
     time = num["time_us_out_of_place"]
     checks.append((~(np.isfinite(time) & (time > 0)), "time_us_out_of_place is not a positive number"))
-    reasons = np.full(len(raw), "", dtype=object)
+    collected = RejectionReasons(len(raw))
     for mask, text in checks:
-        hit = mask.to_numpy(dtype=bool)
-        why = text.to_numpy(dtype=object)[hit] if isinstance(text, pd.Series) else text
-        reasons[hit] = np.where(reasons[hit] == "", why, reasons[hit] + "; " + why)
-    ok = reasons == ""
+        collected.add(mask, text)
+    reasons, ok = collected.text, collected.ok
     if not ok.all():
         logger.warning("%s: rejected %d of %d rows", path, int((~ok).sum()), len(raw))
     good, n = raw[ok], num[ok]
