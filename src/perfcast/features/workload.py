@@ -596,38 +596,13 @@ def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: Clu
         if ranks <= 1 or params == 0:
             continue
         if p.zero_stage == 0:
-            b.add(
-                f"{group}.grad_allreduce",
-                Scope.STEP,
-                Phase.STEP,
-                OpType.ALLREDUCE,
-                group=group,
-                bytes=params * gb,
-                n_ranks=ranks,
-                ranks_per_node=rpn,
-            )
-        else:
-            b.add(
-                f"{group}.grad_reducescatter",
-                Scope.STEP,
-                Phase.STEP,
-                OpType.REDUCESCATTER,
-                group=group,
-                bytes=params * gb,
-                n_ranks=ranks,
-                ranks_per_node=rpn,
-            )
-            if p.zero_stage < 3:
-                b.add(
-                    f"{group}.param_allgather",
-                    Scope.STEP,
-                    Phase.STEP,
-                    OpType.ALLGATHER,
-                    group=group,
-                    bytes=params * gb,
-                    n_ranks=ranks,
-                    ranks_per_node=rpn,
-                )
+            syncs = [("grad_allreduce", OpType.ALLREDUCE)]
+        else:  # sharded gradients; below ZeRO-3 the updated parameter shards are gathered back
+            syncs = [("grad_reducescatter", OpType.REDUCESCATTER)]
+            syncs += [("param_allgather", OpType.ALLGATHER)] if p.zero_stage < 3 else []
+        for name, op in syncs:
+            b.add(f"{group}.{name}", Scope.STEP, Phase.STEP, op, group=group, bytes=params * gb, n_ranks=ranks,
+                  ranks_per_node=rpn)  # fmt: skip
     if model.tied_embeddings and p.pp > 1 and p.finetune is Finetune.FULL:
         rpn = 2 if p.tp * p.cp * p.dp * (p.pp - 1) < g else 1
         b.add(
