@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +17,6 @@ from perfcast.data.tables import read_table
 from perfcast.data.validate import check_op_records
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 GEMM_HEADER = "gpu,precision,sheet,app,M,N,K,transA,transB,time_ms,tflops_reported,software,source_path"
 _SW = "CUDA Version=10.1.243"
@@ -134,16 +133,9 @@ def test_reader_never_raises_on_garbage_cells(name: str, data: st.DataObject) ->
     assert (result.rejected[REASON_COLUMN] != "").all()
 
 
-def _real(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
-
-
 @pytest.mark.shared_data
 def test_real_gemm_file() -> None:
-    result = read_deepbench_gemm(_real("deepbench_gemm.csv"))
+    result = read_deepbench_gemm(shared_file("deepbench_gemm.csv"))
     assert (result.n_records, result.n_rejected) == (1920, 160)
     assert (result.rejected[REASON_COLUMN] == "pseudo-fp16 (fp16 storage, fp32 math) has no op-table dtype").all()
     assert result.records["dtype"].value_counts().to_dict() == {"fp32": 1600, "fp16": 320}
@@ -161,7 +153,7 @@ def test_real_gemm_file() -> None:
 
 @pytest.mark.shared_data
 def test_real_allreduce_file() -> None:
-    result = read_deepbench_allreduce(_real("deepbench_allreduce.csv"))
+    result = read_deepbench_allreduce(shared_file("deepbench_allreduce.csv"))
     assert (result.n_records, result.n_rejected) == (168, 50)  # T4 and V100 sheets have no times
     assert (result.rejected[REASON_COLUMN] == "mean_time_ms is missing or not a positive number").all()
     assert int(result.records["ranks_per_node"].notna().sum()) == 41  # the NCCL 2.0 Single runs

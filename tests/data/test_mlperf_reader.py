@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import SHARED_DATA
 
 from perfcast.data.readers.mlperf import (
     BENCHMARK_MODELS,
@@ -21,8 +22,6 @@ from perfcast.data.tables import RUN_COLUMNS
 from perfcast.data.validate import check_run_records
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 LLM_RUNS_HEADER = (
     "mlperf_version,submitter,system,benchmark,run_file,log_missing_in_snapshot,duplicate_of,run_status,"

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import shared_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,8 +24,6 @@ from perfcast.data.tables import RUN_COLUMNS, read_table
 from perfcast.data.validate import check_op_records, check_run_records
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 GEMM_HEADER = (
     "op,gpu,neusight_split,dtype,framework,gemm_batch,gemm_m,gemm_n,gemm_k,latency_ms,kernel,"
@@ -340,16 +339,9 @@ def test_reader_never_raises_on_garbage_cells(name: str, data: st.DataObject) ->
 # ---------------------------------------------------------------------------- real files
 
 
-def _real(name: str) -> Path:
-    path = SHARED_DATA / name
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    return path
-
-
 @pytest.mark.shared_data
 def test_real_gemm_file() -> None:
-    result = read_neusight_gemm(_real("neusight_kernels_gemm.csv.gz"))
+    result = read_neusight_gemm(shared_file("neusight_kernels_gemm.csv.gz"))
     assert (result.n_records, result.n_rejected) == (141664, 0)
     checked = check_op_records(result.records, resolve_gpu=resolve_gpu_name)
     assert (checked.n_records, checked.n_rejected) == (141664, 0)
@@ -360,7 +352,7 @@ def test_real_gemm_file() -> None:
 
 @pytest.mark.shared_data
 def test_real_vector_file() -> None:
-    result = read_neusight_vector(_real("neusight_kernels_vector.csv.gz"))
+    result = read_neusight_vector(shared_file("neusight_kernels_vector.csv.gz"))
     assert (result.n_records, result.n_rejected) == (161593, 0)
     assert result.records["scalar"].sum() == 12594 + 3 * 12622  # addu, mulu, divu, powu
     checked = check_op_records(result.records, resolve_gpu=resolve_gpu_name)
@@ -369,7 +361,7 @@ def test_real_vector_file() -> None:
 
 @pytest.mark.shared_data
 def test_real_model_ops_file() -> None:
-    result = read_neusight_model_ops(_real("neusight_model_op_latency.csv.gz"))
+    result = read_neusight_model_ops(shared_file("neusight_model_op_latency.csv.gz"))
     rec = result.records
     assert (int((~rec["backward"]).sum()), int(rec["backward"].sum()), result.n_rejected) == (2127, 674, 6803)
     reasons = result.rejected[REASON_COLUMN]
@@ -383,7 +375,7 @@ def test_real_model_ops_file() -> None:
 
 @pytest.mark.shared_data
 def test_real_e2e_file() -> None:
-    result = read_neusight_e2e(_real("neusight_e2e_latency.csv"))
+    result = read_neusight_e2e(shared_file("neusight_e2e_latency.csv"))
     assert (result.n_records, result.n_rejected) == (100, 0)
     rec = result.records
     assert (rec["tp"] * rec["pp"] * rec["dp"] == rec["num_gpus"]).all()

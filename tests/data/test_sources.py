@@ -6,12 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import SHARED_DATA
 
 from perfcast.data.sources import READERS, detect_reader, get_reader, read_source
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
-
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 
 
 def test_every_reader_imports_and_names_are_unique() -> None:

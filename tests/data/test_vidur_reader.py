@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import SHARED_DATA
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,6 @@ from perfcast.data.validate import check_op_records
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 OPS_FILE = SHARED_DATA / "vidur_llm_layer_ops.csv.gz"
 COLL_FILE = SHARED_DATA / "vidur_collectives.csv.gz"
 

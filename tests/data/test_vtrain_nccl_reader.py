@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import SHARED_DATA
 
 from perfcast.data.readers.vtrain import VTRAIN_GPU, read_vtrain_nccl
 from perfcast.data.records import REASON_COLUMN
@@ -14,7 +15,6 @@ from perfcast.data.validate import check_op_records
 from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 REAL_FILE = SHARED_DATA / "vtrain_nccl_allreduce.csv.gz"
 
 HEADER = (

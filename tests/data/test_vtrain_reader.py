@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from fixtures.shared import SHARED_DATA
 
 from perfcast.data.readers.vtrain import megatron_padded_vocab, read_vtrain_iterations
 from perfcast.data.records import REASON_COLUMN, ReadResult
 from perfcast.data.tables import RUN_COLUMNS
 from perfcast.errors import DatasetError
 
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 REAL_FILE = SHARED_DATA / "vtrain_megatron_iteration_time.csv"
 
 HEADER = (

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from fixtures.shared import SHARED_HARDWARE
 from pydantic import ValidationError
 
 from perfcast.data.schema import DType
@@ -24,8 +25,6 @@ from perfcast.features.hardware import (
     normalize_device_name,
     resolve_gpu_name,
 )
-
-SHARED_HARDWARE = Path(__file__).resolve().parents[2] / ".." / "shared" / "hardware"
 
 # CSV column -> HardwareSpec field, for every numeric column of accelerators.csv.
 ACCEL_NUMERIC = {
