@@ -121,6 +121,9 @@ class _FakeCollective:
     def predict_interval(self, X, *, coverage=0.9):
         return np.column_stack([np.full(len(X), 0.5), np.full(len(X), 2.0)])
 
+    def predict_with_interval(self, X, *, coverage=0.9):
+        return self.predict(X), self.predict_interval(X, coverage=coverage)
+
 
 def test_predict_ops_dispatches_by_class(model, data):
     ops, _ = data

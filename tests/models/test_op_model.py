@@ -245,3 +245,10 @@ def test_weighted_quantile():
     assert weighted_quantile(values, np.ones(4), 0.5) == 2.0
     assert weighted_quantile(values, np.array([1.0, 1.0, 1.0, 97.0]), 0.5) == 10.0
     assert weighted_quantile(values, np.ones(4), 1.0) == 10.0
+
+
+def test_predict_with_interval_matches_the_two_calls(fitted, data):
+    X, _ = data
+    pred, interval = fitted.predict_with_interval(X, coverage=0.8)
+    np.testing.assert_array_equal(pred, fitted.predict(X))
+    np.testing.assert_array_equal(interval, fitted.predict_interval(X, coverage=0.8))

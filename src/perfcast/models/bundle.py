@@ -129,9 +129,7 @@ class OpPredictorBundle:
         ]
         for mask, model in routes:
             if mask.any():
-                sub = ops.loc[mask]
-                pred[mask] = model.predict(sub)
-                interval = np.asarray(model.predict_interval(sub, coverage=coverage))
+                pred[mask], interval = model.predict_with_interval(ops.loc[mask], coverage=coverage)
                 lo[mask], hi[mask] = interval[:, 0], interval[:, 1]
         fallback = np.isnan(pred)
         if fallback.any():

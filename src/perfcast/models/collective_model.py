@@ -388,13 +388,17 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
         Raises:
             SpecError: ``coverage`` outside (0, 1).
         """
+        return self.predict_with_interval(X, coverage=coverage)[1]
+
+    def predict_with_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict` and :meth:`predict_interval` together: ``(pred, (n, 2))``, ms."""
         check_is_fitted(self, "booster_")
         if not 0 < coverage < 1:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
         pred = self.predict(X)
         q = np.interp([(1 - coverage) / 2, (1 + coverage) / 2], _LEVELS, self.residual_quantiles_)
         lo, hi = min(q[0], 0.0), max(q[1], 0.0)
-        return np.column_stack([pred * np.exp(lo), pred * np.exp(hi)])
+        return pred, np.column_stack([pred * np.exp(lo), pred * np.exp(hi)])
 
     @property
     def efficiency_(self) -> dict[str, float]:

@@ -347,6 +347,10 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
 
         ``lo <= predict(X) <= hi`` always (the residual quantiles are clipped at 0).
         """
+        return self.predict_with_interval(X, coverage=coverage)[1]
+
+    def predict_with_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`predict` and :meth:`predict_interval` from one featurisation: ``(pred, (n, 2))``, ms."""
         check_is_fitted(self, "boosters_")
         if not 0 < coverage < 1:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
@@ -359,7 +363,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             q_lo, q_hi = self.residual_quantiles(cls, coverage)
             out[m, 0] = pred[m] * np.exp(q_lo)
             out[m, 1] = pred[m] * np.exp(q_hi)
-        return out
+        return pred, out
 
     def residual_quantiles(self, op_class: str, coverage: float = 0.9) -> tuple[float, float]:
         """The log-residual quantiles ``(q_lo <= 0 <= q_hi)`` of ``op_class``'s interval."""
