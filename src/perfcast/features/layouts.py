@@ -1,0 +1,123 @@
+"""Enumerate the parallel layouts a model can train with on a given cluster.
+
+A layout search (``perfcast search``) scores every layout this module yields. The space
+is Megatron-LM's: tensor parallelism within a node, pipeline stages that divide the
+layers, optional context parallelism, expert parallelism for MoE models, interleaving,
+micro-batch sizes, recomputation, ZeRO stage and sequence parallelism. Every layout is
+checked by :func:`~perfcast.features.parallel.check_layout`; the ones that break a rule
+are left out (they are not configs a framework would run).
+
+Defaults keep the space to what practitioners try: powers of two for the degrees,
+``sequence_parallel`` on whenever ``tp > 1`` (it saves memory at no step-time cost in
+Megatron-LM), ZeRO stages 0 and 1 (distributed optimizer) unless asked.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from perfcast.data.schema import DType
+from perfcast.errors import SpecError
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout
+
+
+@dataclass(frozen=True)
+class LayoutSpace:
+    """Which values of each layout field a search tries.
+
+    ``max_tp=None`` caps tensor parallelism at the GPUs of one node. ``vpp`` values above
+    1 apply only when ``pp > 1``; ``cp`` values only when they divide the sequence.
+    """
+
+    micro_batches: Sequence[int] = (1, 2, 4, 8)
+    cp: Sequence[int] = (1, 2, 4, 8)
+    vpp: Sequence[int] = (1, 2, 4)
+    recompute: Sequence[Recompute] = (Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL)
+    zero_stages: Sequence[int] = (0, 1)
+    max_tp: int | None = None
+    max_pp: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("micro_batches", "cp", "vpp", "zero_stages"):
+            values = getattr(self, name)
+            if not values:
+                raise SpecError(f"{name} is empty; give at least one value")
+        for value in (*self.micro_batches, *self.cp, *self.vpp):
+            if int(value) < 1:
+                raise SpecError(f"layout degrees and micro-batch sizes must be >= 1; got {value}")
+        bad = [z for z in self.zero_stages if z not in (0, 1, 2, 3)]
+        if bad:
+            raise SpecError(f"zero_stages={bad} not allowed; allowed: 0, 1, 2, 3")
+
+
+def _powers_of_two_dividing(n: int, cap: int) -> list[int]:
+    out, d = [], 1
+    while d <= min(n, cap):
+        if n % d == 0:
+            out.append(d)
+        d *= 2
+    return out
+
+
+def enumerate_layouts(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch: int,
+    *,
+    space: LayoutSpace | None = None,
+    dtype: DType = DType.BF16,
+    finetune: Finetune = Finetune.FULL,
+    lora_rank: int = 0,
+) -> Iterator[ParallelConfig]:
+    """Every checked layout of ``model`` on ``cluster`` for ``global_batch`` sequences per step.
+
+    Raises:
+        SpecError: ``global_batch`` is below 1.
+    """
+    if global_batch < 1:
+        raise SpecError(f"global_batch={global_batch} must be >= 1")
+    space = space or LayoutSpace()
+    n = cluster.num_gpus
+    max_tp = space.max_tp or min(cluster.gpus_per_node, n)
+    max_pp = space.max_pp or model.num_layers
+    for tp in _powers_of_two_dividing(n, max_tp):
+        for pp in [p for p in range(1, min(max_pp, n // tp) + 1) if (n // tp) % p == 0]:
+            for cp in sorted({c for c in space.cp if (n // (tp * pp)) % c == 0}):
+                dp = n // (tp * pp * cp)
+                yield from _layouts_at(model, cluster, global_batch, space, tp, pp, cp, dp, dtype, finetune, lora_rank)
+
+
+def _layouts_at(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    global_batch: int,
+    space: LayoutSpace,
+    tp: int,
+    pp: int,
+    cp: int,
+    dp: int,
+    dtype: DType,
+    finetune: Finetune,
+    lora_rank: int,
+) -> Iterator[ParallelConfig]:
+    eps = _powers_of_two_dividing(dp * cp, model.num_experts) if model.is_moe else [1]
+    vpps = sorted({v for v in space.vpp if v == 1 or pp > 1})
+    zeros = sorted({z for z in space.zero_stages if dp > 1 or z == 0})
+    grid = itertools.product(eps, sorted(set(space.micro_batches)), vpps, space.recompute, zeros)
+    for ep, mb, vpp, recompute, zero in grid:
+        if global_batch % (dp * mb):
+            continue
+        try:
+            parallel = ParallelConfig(
+                tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=global_batch, vpp=vpp,
+                sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, finetune=finetune,
+                lora_rank=lora_rank, dtype=dtype,
+            )  # fmt: skip
+            check_layout(model, parallel, cluster)
+        except (SpecError, ValueError):
+            continue
+        yield parallel

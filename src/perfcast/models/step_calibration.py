@@ -1,0 +1,143 @@
+"""Few-shot step calibration: a per-cluster correction fitted on one to five measured steps.
+
+On a cluster nobody measured, most of a step predictor's error is shared by the configs
+run there (its software stack, its achieved collective bandwidth, its clocks). A few
+measured steps of the user's own cluster estimate that shared part as a log shift:
+
+* ``shift = mean(log(measured / predicted)) * k / (k + SHRINK_RUNS)`` for ``k`` runs,
+  shrunk toward zero so that one odd run does not move every prediction all the way;
+* the predictor's interval is moved along with the median, its width kept (a handful of
+  steps says little about the spread of the remaining error).
+
+A cluster is the GPU type and how nodes are wired (:func:`cluster_key`): a correction
+fitted on 16-GPU runs applies to 256-GPU runs of the same cluster. A
+:class:`ClusterCorrection` is a small JSON file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from perfcast.errors import BundleError, SpecError
+
+SHRINK_RUNS = 0.5
+SCHEMA_VERSION = 1
+_SAFE = str.maketrans({c: "_" for c in "/\\:* ?\"<>|"})
+
+
+def cluster_key(gpu: str, gpus_per_node: int, inter_node_fabric: str | None = None) -> str:
+    """The key a correction applies to: ``<gpu>/<gpus_per_node>gpn[/<fabric>]``."""
+    key = f"{gpu}/{int(gpus_per_node)}gpn"
+    return f"{key}/{inter_node_fabric}" if inter_node_fabric else key
+
+
+@dataclass(frozen=True)
+class ClusterCorrection:
+    """The log shift of one cluster's step times, from ``n_runs`` measured steps."""
+
+    cluster: str
+    shift: float
+    n_runs: int
+    log_residuals: list[float]
+    model: str = ""
+    created_utc: str = ""
+
+    @property
+    def factor(self) -> float:
+        """Multiplier applied to predicted step times (and their interval)."""
+        return float(np.exp(self.shift))
+
+    def to_json(self) -> str:
+        """JSON text of the correction (``schema_version`` 1)."""
+        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, where: str = "step calibration") -> ClusterCorrection:
+        """Read a correction written by :meth:`to_json`."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise BundleError(f"{where}: invalid JSON: {exc}") from None
+        if not isinstance(data, dict) or data.pop("schema_version", None) != SCHEMA_VERSION:
+            raise BundleError(f"{where}: not a perfcast step correction (schema_version {SCHEMA_VERSION})")
+        try:
+            return cls(**data)
+        except TypeError as exc:
+            raise BundleError(f"{where}: {exc}") from None
+
+
+def fit_step_correction(
+    cluster: str, measured_ms: np.ndarray, predicted_ms: np.ndarray, *, model: str = ""
+) -> ClusterCorrection:
+    """Fit the correction of ``cluster`` from measured steps and the predictor's times of them, ms.
+
+    Raises:
+        SpecError: no run has a positive measured and predicted step time.
+    """
+    measured = np.asarray(measured_ms, dtype=float)
+    predicted = np.asarray(predicted_ms, dtype=float)
+    if measured.shape != predicted.shape:
+        raise SpecError(f"measured_ms has {measured.shape} values but predicted_ms has {predicted.shape}")
+    ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
+    if not ok.any():
+        raise SpecError(
+            f"no usable run to calibrate cluster {cluster}: need measured_step_ms > 0 and a predicted step"
+        )
+    residual = np.log(measured[ok] / predicted[ok])
+    k = len(residual)
+    return ClusterCorrection(
+        cluster=cluster,
+        shift=float(residual.mean() * k / (k + SHRINK_RUNS)),
+        n_runs=k,
+        log_residuals=residual.tolist(),
+        model=model,
+        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def apply_step_corrections(
+    clusters: np.ndarray,
+    pred_ms: np.ndarray,
+    lo_ms: np.ndarray,
+    hi_ms: np.ndarray,
+    corrections: Mapping[str, ClusterCorrection],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Scale the step times (and interval) of rows whose cluster has a correction.
+
+    Returns:
+        ``(pred, lo, hi, corrected)``: new arrays, ms, and a boolean mask of corrected rows.
+    """
+    clusters = np.asarray(clusters, dtype=object)
+    factor = np.array([corrections[c].factor if c in corrections else 1.0 for c in clusters], dtype=float)
+    corrected = np.array([c in corrections for c in clusters], dtype=bool)
+    scale = [np.asarray(a, dtype=float) * factor for a in (pred_ms, lo_ms, hi_ms)]
+    return scale[0], scale[1], scale[2], corrected
+
+
+def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
+    """Write ``<directory>/<cluster>.json`` atomically (replacing an older one of that cluster)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{correction.cluster.translate(_SAFE)}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(correction.to_json(), encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def load_step_corrections(directory: str | Path) -> dict[str, ClusterCorrection]:
+    """Every step correction stored in ``directory`` (none when it does not exist), keyed by cluster."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return {}
+    out = {}
+    for path in sorted(directory.glob("*.json")):
+        corr = ClusterCorrection.from_json(path.read_text(encoding="utf-8"), where=str(path))
+        out[corr.cluster] = corr
+    return out
