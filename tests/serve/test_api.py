@@ -1,0 +1,122 @@
+"""The HTTP service: in-process through FastAPI's TestClient and over a real socket."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import warnings
+
+import pytest
+
+with warnings.catch_warnings():  # starlette's test client warns about its httpx backend
+    warnings.simplefilter("ignore")
+    from fastapi.testclient import TestClient
+
+from perfcast.serve.api import MAX_ROWS, create_app
+
+GEMM = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb", "dtype": "bf16"}
+RUN = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "gpu": "h100-sxm5-80gb", "num_gpus": 8}
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(create_app())
+
+
+def test_health_and_hardware(client: TestClient) -> None:
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["op_predictor"].startswith("bundle:")
+    ids = {hw["id"] for hw in client.get("/v1/hardware").json()}
+    assert {"h100-sxm5-80gb", "a100-sxm4-80gb", "mi300x"} <= ids
+
+
+def test_openapi_documents_every_endpoint(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/healthz", "/v1/hardware", "/v1/predict/ops", "/v1/predict/steps"} <= set(paths)
+
+
+def test_ops_batch_answers_good_rows_and_reports_bad_ones(client: TestClient) -> None:
+    bad = {**GEMM, "k": None, "tag": "mine"}
+    body = client.post("/v1/predict/ops", json={"rows": [GEMM, bad, GEMM]}).json()
+    rows = body["rows"]
+    assert body["n_errors"] == 1 and len(rows) == 3
+    assert rows[0]["error"] == "" and rows[0]["pred_lo_ms"] <= rows[0]["pred_ms"] <= rows[0]["pred_hi_ms"]
+    assert rows[0]["pred_ms"] == rows[2]["pred_ms"]
+    assert "k=" in rows[1]["error"] and rows[1]["pred_ms"] is None
+    assert rows[1]["tag"] == "mine"  # extra fields pass through
+    assert rows[0]["m"] == 1024 and isinstance(rows[0]["m"], int)
+
+
+def test_wider_coverage_gives_a_wider_interval(client: TestClient) -> None:
+    narrow = client.post("/v1/predict/ops", json={"rows": [GEMM], "coverage": 0.5}).json()["rows"][0]
+    wide = client.post("/v1/predict/ops", json={"rows": [GEMM], "coverage": 0.95}).json()["rows"][0]
+    assert wide["pred_hi_ms"] - wide["pred_lo_ms"] > narrow["pred_hi_ms"] - narrow["pred_lo_ms"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"rows": [{**GEMM, "m": "abc"}]}, ["body", "rows", 0, "m"]),
+        ({"rows": [{**GEMM, "m": 0}]}, ["body", "rows", 0, "m"]),
+        ({"rows": [{"op": "matmul"}]}, ["body", "rows", 0, "gpu"]),
+        ({"rows": [GEMM], "coverage": 1.5}, ["body", "coverage"]),
+        ({"rows": []}, ["body", "rows"]),
+    ],
+)
+def test_unparsable_input_is_a_422_naming_the_field(client: TestClient, body: dict, field: list) -> None:
+    response = client.post("/v1/predict/ops", json=body)
+    assert response.status_code == 422
+    assert field in [d["loc"] for d in response.json()["detail"]]
+
+
+def test_steps_batch(client: TestClient) -> None:
+    rows = [RUN, {**RUN, "tp": 3, "num_gpus": 12, "gpus_per_node": 4}, {**RUN, "zero_stage": 7}]
+    response = client.post("/v1/predict/steps", json={"rows": rows[:2], "breakdown": True})
+    body = response.json()
+    assert response.status_code == 200 and body["n_errors"] == 1
+    good, bad = body["rows"]
+    assert good["step_ms"] > 0 and good["fits_memory"] is True and good["compute_ms"] > 0
+    assert "tp=3" in bad["error"] and bad["step_ms"] is None
+    assert client.post("/v1/predict/steps", json={"rows": rows[2:]}).status_code == 422
+
+
+def test_row_limit_is_enforced(client: TestClient) -> None:
+    response = client.post("/v1/predict/ops", json={"rows": [GEMM] * (MAX_ROWS + 1)})
+    assert response.status_code == 422
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_service_over_a_real_socket() -> None:
+    import httpx
+
+    port = _free_port()
+    cmd = [sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port), "--model", "analytic"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "service did not start in 120 s"
+            time.sleep(0.5)
+        assert httpx.get(f"{url}/healthz").json()["op_predictor"] == "analytic"
+        body = httpx.post(f"{url}/v1/predict/ops", json={"rows": [GEMM, {**GEMM, "gpu": "nope-gpu"}]}).json()
+        assert body["rows"][0]["pred_ms"] > 0 and "nope-gpu" in body["rows"][1]["error"]
+        assert httpx.post(f"{url}/v1/predict/steps", json={"rows": [{"tp": "x", "gpu": "h100"}]}).status_code == 422
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
