@@ -1,0 +1,178 @@
+"""Run-level features of the step models: layout, model shape, cluster and composed breakdown.
+
+:func:`featurize_runs` turns checked configs and their composed step (a plain frame, as
+:func:`perfcast.models.composer.composed_frame` writes it: ``step_ms`` plus the breakdown
+``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms, comm_<group>_ms``) into one row of
+numbers per run. The columns and their order are fixed by :data:`RUN_FEATURE_SPEC`;
+models select columns by name. Sizes enter as log2, times as natural log of ms, and the
+breakdown as fractions of the composed step, so a learned correction transfers across
+model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/tp,
+FFN/tp) tell launch-bound small GEMMs from compute-bound ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfcast.errors import SpecError
+from perfcast.features.parallel import Finetune, Recompute
+from perfcast.features.run_config import RunConfig
+
+__all__ = ["RUN_FEATURE_SPEC", "RUN_FEATURE_SPEC_VERSION", "RunFeatureSpec", "featurize_runs"]
+
+RUN_FEATURE_SPEC_VERSION = 1
+COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
+"""Process groups whose exposed communication gets a fraction column."""
+_RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+
+_LAYOUT = (
+    "tp",
+    "pp",
+    "dp",
+    "cp",
+    "ep",
+    "micro_batch",
+    "log2_num_microbatches",
+    "log2_global_batch",
+    "vpp",
+    "sequence_parallel",
+    "zero_stage",
+    "recompute",
+    "lora",
+    "dtype_bytes",
+    "flash_attention",
+)
+_MODEL = (
+    "log2_hidden",
+    "num_layers",
+    "layers_per_stage",
+    "log2_seq_len",
+    "log10_params",
+    "head_dim",
+    "ffn_ratio",
+    "is_moe",
+    "gated_mlp",
+)
+_CLUSTER = (
+    "peak_tflops",
+    "mem_bw_gbps",
+    "sm_count",
+    "l2_cache_mib",
+    "intra_node_bw_gbps",
+    "inter_node_bw_gbps",
+    "gpus_per_node",
+    "log2_num_gpus",
+    "num_nodes",
+    "tp_spans_nodes",
+)
+_GEMM = ("log2_tokens_per_microbatch", "log2_hidden_per_tp", "log2_ffn_per_tp", "log2_layer_gflops_per_microbatch")
+_COMPOSED = (
+    "log_composed_step_ms",
+    "frac_compute",
+    *(f"frac_comm_{g}" for g in COMM_GROUPS),
+    "frac_bubble",
+    "frac_dp_sync",
+    "frac_optimizer",
+)
+
+
+@dataclass(frozen=True)
+class RunFeatureSpec:
+    """Names and order of the run-feature columns, with a version bumped on any change."""
+
+    version: int
+    columns: tuple[str, ...]
+
+
+RUN_FEATURE_SPEC = RunFeatureSpec(RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED))
+COMPOSED_STEP_COLUMN = "log_composed_step_ms"
+"""The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
+
+
+def _config_row(c: RunConfig) -> dict[str, float]:
+    m, p, cl = c.model, c.parallel, c.cluster
+    hw = cl.gpu
+    tokens = p.micro_batch * m.seq_len / p.cp
+    layers_per_stage = m.num_layers / p.pp
+    layer_flops = 2.0 * tokens * m.num_params_per_layer(moe=False) / p.tp
+    return {
+        "tp": p.tp,
+        "pp": p.pp,
+        "dp": p.dp,
+        "cp": p.cp,
+        "ep": p.ep,
+        "micro_batch": p.micro_batch,
+        "log2_num_microbatches": np.log2(p.num_microbatches),
+        "log2_global_batch": np.log2(p.global_batch),
+        "vpp": p.vpp,
+        "sequence_parallel": float(p.sequence_parallel and p.tp > 1),
+        "zero_stage": p.zero_stage,
+        "recompute": _RECOMPUTE_CODE[p.recompute],
+        "lora": float(p.finetune is Finetune.LORA),
+        "dtype_bytes": p.dtype.bytes_per_element,
+        "flash_attention": float(p.flash_attention),
+        "log2_hidden": np.log2(m.hidden_size),
+        "num_layers": m.num_layers,
+        "layers_per_stage": layers_per_stage,
+        "log2_seq_len": np.log2(m.seq_len),
+        "log10_params": np.log10(m.num_params),
+        "head_dim": m.head_size,
+        "ffn_ratio": m.ffn_size / m.hidden_size,
+        "is_moe": float(m.is_moe),
+        "gated_mlp": float(m.gated_mlp),
+        "peak_tflops": hw.peak_tflops(p.dtype),
+        "mem_bw_gbps": hw.mem_bw_gbps,
+        "sm_count": np.nan if hw.sm_count is None else hw.sm_count,
+        "l2_cache_mib": np.nan if hw.l2_cache_mib is None else hw.l2_cache_mib,
+        "intra_node_bw_gbps": cl.intra_node_bw_gbps,
+        "inter_node_bw_gbps": cl.inter_node_bw_gbps,
+        "gpus_per_node": cl.gpus_per_node,
+        "log2_num_gpus": np.log2(cl.num_gpus),
+        "num_nodes": cl.num_nodes,
+        "tp_spans_nodes": float(p.tp > cl.gpus_per_node),
+        "log2_tokens_per_microbatch": np.log2(tokens),
+        "log2_hidden_per_tp": np.log2(m.hidden_size / p.tp),
+        "log2_ffn_per_tp": np.log2(m.ffn_size / p.tp),
+        "log2_layer_gflops_per_microbatch": np.log2(layer_flops / 1e9),
+    }
+
+
+def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.DataFrame:
+    """Run features of ``configs`` given their composed steps.
+
+    Args:
+        configs: checked configs.
+        composed: one row per config, aligned by position: ``step_ms`` (composed step, ms,
+            > 0) and the breakdown columns ``compute_ms, bubble_ms, dp_sync_ms,
+            optimizer_ms`` and optionally ``comm_<group>_ms`` (absent groups count 0).
+
+    Returns:
+        Frame with the columns of :data:`RUN_FEATURE_SPEC`, in order, index of ``composed``.
+        ``sm_count`` and ``l2_cache_mib`` are NaN for parts the catalog lacks them for
+        (XGBoost treats NaN as missing).
+
+    Raises:
+        SpecError: lengths differ, a breakdown column is missing, or a step is not > 0.
+    """
+    if len(configs) != len(composed):
+        raise SpecError(f"got {len(configs)} configs but {len(composed)} composed rows")
+    missing = [c for c in ("step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms") if c not in composed]
+    if missing:
+        raise SpecError(f"composed frame lacks columns {missing}")
+    step = composed["step_ms"].to_numpy(dtype=float)
+    if len(step) and not (np.isfinite(step) & (step > 0)).all():
+        raise SpecError(f"composed step_ms must be finite and > 0; {int((~(step > 0)).sum())} rows are not")
+    feats = pd.DataFrame([_config_row(c) for c in configs], index=composed.index)
+    feats[COMPOSED_STEP_COLUMN] = np.log(step)
+    feats["frac_compute"] = composed["compute_ms"].to_numpy(dtype=float) / step
+    for g in COMM_GROUPS:
+        col = f"comm_{g}_ms"
+        part = composed[col].fillna(0.0).to_numpy(dtype=float) if col in composed else np.zeros(len(step))
+        feats[f"frac_comm_{g}"] = part / step
+    for name in ("bubble", "dp_sync", "optimizer"):
+        feats[f"frac_{name}"] = composed[f"{name}_ms"].to_numpy(dtype=float) / step
+    return feats.reindex(columns=list(RUN_FEATURE_SPEC.columns)).astype(float)

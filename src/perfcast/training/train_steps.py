@@ -1,0 +1,253 @@
+"""Measured runs -> composed steps -> run features, the evaluation splits and their metrics.
+
+The measured run tables (``../shared/data``): vTrain's Megatron iterations (GPT models on
+2-8 A100s), NeuSight's end-to-end latencies (one GPU; forward-only inference and
+forward+backward training) and MLPerf's GPT-3 175B step times (H100/B200 systems of
+64-10,752 GPUs; most MLPerf rows only have a time to train and are left out).
+
+* :func:`load_runs` reads them into one run table with a ``source`` column
+  (``vtrain | neusight | mlperf``), keeping rows with a measured step time.
+* :func:`build_step_table` parses every row into a checked config (rows that fail are
+  returned with their reason, not dropped silently), composes them with a
+  :class:`~perfcast.models.composer.StepComposer` and featurises them.
+* Split functions return boolean train/test masks over a step table's rows.
+* :func:`evaluate_steps` gives MAPE, median and p90 APE, interval coverage and width
+  (:mod:`perfcast.training.metrics`) and Spearman rank correlation within every
+  (model, cluster) group.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfcast.data.sources import read_source
+from perfcast.errors import SpecError
+from perfcast.features.model import ModelSpec
+from perfcast.features.run_config import RunConfig, parse_run_row
+from perfcast.features.run_features import featurize_runs
+from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
+from perfcast.models.step_model import StepTimeRegressor
+from perfcast.training.metrics import spearman, summarize
+
+__all__ = [
+    "RUN_FILES",
+    "StepTable",
+    "build_step_table",
+    "fit_step_model",
+    "evaluate_steps",
+    "group_spearman",
+    "load_runs",
+    "parse_runs",
+    "run_groups",
+    "split_mlperf_old_to_new",
+    "split_mlperf_small_to_large",
+    "split_vtrain_small_to_large",
+]
+
+logger = logging.getLogger(__name__)
+
+RUN_FILES: Mapping[str, str] = {
+    "vtrain": "vtrain_megatron_iteration_time.csv",
+    "neusight": "neusight_e2e_latency.csv",
+    "mlperf": "mlperf_training_llm_runs.csv",
+}
+"""Source name -> measured run table in the shared data folder."""
+REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+"""Fields a run row needs to name its model without a preset."""
+MIN_GROUP_ROWS = 3
+"""Smallest (model, cluster) group whose Spearman correlation counts."""
+
+
+def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -> pd.DataFrame:
+    """Measured runs of ``sources`` as one run table with ``source`` and ``timing_scope``.
+
+    The readers' own ``source`` (file and row provenance) moves to ``source_detail``.
+    Rows without a measured step time (MLPerf time-to-train only) are left out. A
+    ``model`` name that is not a preset (NeuSight's ``bert_large``, ``gpt3_xl`` ...) moves
+    to ``model_name`` when the row spells out the model fields itself.
+
+    Raises:
+        SpecError: an unknown source name.
+    """
+    unknown = sorted(set(sources) - set(RUN_FILES))
+    if unknown:
+        raise SpecError(f"unknown run sources {unknown}; allowed: {', '.join(RUN_FILES)}")
+    frames = []
+    for name in sources:
+        records = read_source(Path(data_dir) / RUN_FILES[name]).records
+        records = records.rename(columns={"source": "source_detail"}).assign(source=name)
+        records = _unname_unknown_models(records)
+        frames.append(records[records["measured_step_ms"].notna() & records["timing_scope"].isin(TIMING_SCOPES)])
+    return pd.concat(frames, ignore_index=True)
+
+
+def _unname_unknown_models(records: pd.DataFrame) -> pd.DataFrame:
+    if "model" not in records:
+        return records
+    names = records["model"].dropna().astype(str).unique()
+    unknown = set()
+    for name in names:
+        try:
+            ModelSpec.load(name)
+        except SpecError:
+            unknown.add(name)
+    spelled = records.reindex(columns=list(REQUIRED_MODEL_FIELDS)).notna().all(axis=1)
+    move = records["model"].isin(unknown) & spelled
+    out = records.assign(model_name=records["model"])
+    out["model"] = out["model"].where(~move)
+    return out
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """Parsed, composed and featurised measured runs.
+
+    Attributes:
+        runs: the parsed rows of the run table (index reset), with ``step_ms``,
+            ``step_lo_ms``, ``step_hi_ms`` and the breakdown of the composed step added,
+            plus ``group`` (model and cluster, for ranking) .
+        features: run features, aligned with ``runs``.
+        configs: the checked configs, aligned with ``runs``.
+        steps: the composer's output per row (node times for graph models).
+        errors: rows that did not parse: original index, ``source`` and ``error``.
+    """
+
+    runs: pd.DataFrame
+    features: pd.DataFrame
+    configs: list[RunConfig]
+    steps: list[Any]
+    errors: pd.DataFrame
+
+
+def parse_runs(runs: pd.DataFrame) -> tuple[list[RunConfig], np.ndarray, pd.DataFrame]:
+    """Checked configs of the rows that parse, their positions, and the failures with reasons."""
+    configs, ok, errors = [], [], []
+    for pos, row in enumerate(runs.to_dict("records")):
+        try:
+            configs.append(parse_run_row(row))
+            ok.append(pos)
+        except SpecError as exc:
+            errors.append({"row": runs.index[pos], "source": row.get("source", ""), "error": str(exc)})
+    failed = pd.DataFrame(errors, columns=["row", "source", "error"])
+    if len(failed):
+        logger.warning("%d of %d runs are not valid configs: %s", len(failed), len(runs), failed["error"].unique()[:5])
+    return configs, np.asarray(ok, dtype=int), failed
+
+
+def run_groups(configs: Sequence[RunConfig]) -> list[str]:
+    """``model|cluster`` label per config: layers, width, sequence; gpu and GPU count."""
+    return [
+        f"L{c.model.num_layers}-h{c.model.hidden_size}-s{c.model.seq_len}|{c.cluster.gpu.id}x{c.cluster.num_gpus}"
+        for c in configs
+    ]
+
+
+def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
+    """Parse, compose and featurise measured runs (see :class:`StepTable`)."""
+    configs, ok, errors = parse_runs(runs)
+    kept = runs.iloc[ok].reset_index(drop=True)
+    scopes = kept["timing_scope"].tolist() if "timing_scope" in kept else None
+    steps = composer.compose_many(configs, timing_scopes=scopes)
+    composed = composed_frame(steps)
+    kept = pd.concat([kept, composed], axis=1)
+    kept["group"] = run_groups(configs)
+    return StepTable(runs=kept, features=featurize_runs(configs, composed), configs=configs, steps=steps, errors=errors)
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def split_vtrain_small_to_large(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """vTrain: train on 2- and 4-GPU runs, test on 8-GPU runs."""
+    vtrain = (runs["source"] == "vtrain").to_numpy()
+    gpus = runs["num_gpus"].to_numpy()
+    return vtrain & np.isin(gpus, [2, 4]), vtrain & (gpus == 8)
+
+
+def split_mlperf_small_to_large(runs: pd.DataFrame, max_train_gpus: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """MLPerf: train on systems of at most ``max_train_gpus`` GPUs (plus all vTrain), test on larger ones."""
+    mlperf = (runs["source"] == "mlperf").to_numpy()
+    gpus = runs["num_gpus"].to_numpy()
+    train = (mlperf & (gpus <= max_train_gpus)) | (runs["source"] == "vtrain").to_numpy()
+    return train, mlperf & (gpus > max_train_gpus)
+
+
+def split_mlperf_old_to_new(runs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """MLPerf: train on v3.x rounds (plus all vTrain), test on v4.x rounds."""
+    mlperf = (runs["source"] == "mlperf").to_numpy()
+    version = runs.get("mlperf_version", pd.Series("", index=runs.index)).fillna("").astype(str)
+    old = version.str.startswith("v3").to_numpy()
+    new = version.str.startswith("v4").to_numpy()
+    return (mlperf & old) | (runs["source"] == "vtrain").to_numpy(), mlperf & new
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def group_spearman(pred: Any, true: Any, groups: Any, *, min_rows: int = MIN_GROUP_ROWS) -> dict[str, float]:
+    """Spearman correlation within each group of at least ``min_rows`` rows.
+
+    Returns:
+        ``spearman_mean`` and ``spearman_median`` over groups (rows-weighted mean as
+        ``spearman_weighted``), ``spearman_groups`` (groups counted) and ``spearman_pooled``
+        (all rows at once). Constant groups (undefined correlation) are skipped; NaN
+        when no group counts.
+    """
+    frame = pd.DataFrame({"pred": np.asarray(pred, float), "true": np.asarray(true, float), "g": np.asarray(groups)})
+    rhos, sizes = [], []
+    for _, part in frame.groupby("g"):
+        if len(part) >= min_rows:
+            rho = spearman(part["pred"], part["true"])
+            if np.isfinite(rho):
+                rhos.append(rho)
+                sizes.append(len(part))
+    out = {
+        "spearman_groups": float(len(rhos)),
+        "spearman_mean": float(np.mean(rhos)) if rhos else float("nan"),
+        "spearman_median": float(np.median(rhos)) if rhos else float("nan"),
+        "spearman_weighted": float(np.average(rhos, weights=sizes)) if rhos else float("nan"),
+        "spearman_pooled": spearman(frame["pred"], frame["true"]) if len(frame) >= 2 else float("nan"),
+    }
+    return out
+
+
+def evaluate_steps(pred: Any, true: Any, groups: Any, lo: Any = None, hi: Any = None) -> dict[str, float]:
+    """Step-time metrics: :func:`~perfcast.training.metrics.summarize` plus :func:`group_spearman`.
+
+    ``lo``/``hi`` that are all equal to ``pred`` (a predictor with no interval) are ignored.
+    """
+    pred_a = np.asarray(pred, dtype=float)
+    has_interval = lo is not None and hi is not None and not (np.allclose(lo, pred_a) and np.allclose(hi, pred_a))
+    out = summarize(pred_a, true, lo, hi) if has_interval else summarize(pred_a, true)
+    out.update(group_spearman(pred_a, true, groups))
+    out["median_ratio_measured_over_pred"] = float(np.median(np.asarray(true, dtype=float) / pred_a))
+    return out
+
+
+def fit_step_model(
+    table: StepTable, train: np.ndarray, *, group_by: str = "num_gpus", balance_sources: bool = True, **params: Any
+) -> StepTimeRegressor:
+    """Fit a :class:`StepTimeRegressor` on the ``train`` rows of ``table``.
+
+    The conformal residuals come from held-out ``(source, group_by)`` groups (by default
+    the cluster size, as the model is used to extrapolate to other cluster sizes). With
+    ``balance_sources`` each source's rows weigh the same in total, so a large table
+    (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48).
+    """
+    runs = table.runs[train]
+    groups = runs["source"].astype(str) + ":" + runs[group_by].astype(str)
+    weights = None
+    if balance_sources:
+        counts = runs["source"].map(runs["source"].value_counts()).to_numpy(dtype=float)
+        weights = len(runs) / (counts * runs["source"].nunique())
+    model = StepTimeRegressor(**params)
+    return model.fit(
+        table.features[train], runs["measured_step_ms"].to_numpy(), groups=groups.to_numpy(), sample_weight=weights
+    )

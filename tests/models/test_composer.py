@@ -1,0 +1,158 @@
+"""Tests of the step composer: analytic equivalence, deduplication, intervals, timing scopes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import perfcast.models
+from perfcast.errors import SpecError
+from perfcast.features.run_config import parse_run_row
+from perfcast.models.analytic import AnalyticOpPredictor, predict_step
+from perfcast.models.composer import StepComposer, composed_frame
+
+BASE = {"model": "gpt3-1.3b", "gpu": "a100-sxm4-80gb", "micro_batch": 2, "global_batch": 64, "dtype": "bf16"}
+LAYOUTS = [
+    {"dp": 8},
+    {"tp": 2, "pp": 2, "dp": 2},
+    {"tp": 4, "pp": 2, "dp": 1, "vpp": 2, "sequence_parallel": True},
+    {"tp": 2, "cp": 2, "dp": 2, "recompute": "full"},
+    {"dp": 16, "zero_stage": 3, "num_gpus": 16, "gpus_per_node": 8},
+    {"tp": 8, "pp": 2, "dp": 2, "num_gpus": 32, "gpus_per_node": 8, "inter_node": "ib-edr-100"},
+]
+
+
+def _configs():
+    return [parse_run_row({**BASE, **layout}) for layout in LAYOUTS]
+
+
+class SpyPredictor:
+    """Analytic times with a +-20% interval (none for attention); records every row asked."""
+
+    def __init__(self):
+        self.rows_seen = 0
+
+    def predict_ops(self, ops, coverage=0.9):
+        self.rows_seen += len(ops)
+        pred, _, _ = AnalyticOpPredictor().predict_ops(ops, coverage=coverage)
+        no_interval = (ops["op"] == "attention").to_numpy()
+        lo = np.where(no_interval, np.nan, 0.8 * pred)
+        hi = np.where(no_interval, np.nan, 1.2 * pred)
+        return pred, lo, hi
+
+
+class DoubleCollectives:
+    """A collective model that says every collective takes twice the alpha-beta time."""
+
+    def predict_with_interval(self, X, coverage=0.9):
+        pred = 2.0 * AnalyticOpPredictor().predict_ops(X, coverage=coverage)[0]
+        return pred, np.column_stack([pred, 1.5 * pred])
+
+
+def test_analytic_predictor_reproduces_predict_step():
+    configs = _configs()
+    steps = StepComposer(AnalyticOpPredictor()).compose_many(configs)
+    for config, step in zip(configs, steps, strict=True):
+        expected = predict_step(config).breakdown
+        assert step.step_ms == pytest.approx(expected.step_ms, rel=1e-12)
+        assert step.breakdown.comm_ms == pytest.approx(expected.comm_ms, rel=1e-12)
+        assert step.step_lo_ms == step.step_ms == step.step_hi_ms  # no interval from the analytic predictor
+
+
+def test_compose_many_matches_one_at_a_time():
+    configs = _configs()
+    many = StepComposer(SpyPredictor()).compose_many(configs)
+    for config, step in zip(configs, many, strict=True):
+        one = StepComposer(SpyPredictor()).compose(config)
+        assert step.breakdown == one.breakdown
+        assert (step.step_lo_ms, step.step_hi_ms) == (one.step_lo_ms, one.step_hi_ms)
+        np.testing.assert_array_equal(step.node_ms, one.node_ms)
+
+
+def test_each_distinct_op_is_predicted_once():
+    configs = _configs()
+    spy = SpyPredictor()
+    StepComposer(spy).compose_many(configs)
+    once = spy.rows_seen
+    spy_twice = SpyPredictor()
+    steps = StepComposer(spy_twice).compose_many(configs + configs)
+    assert spy_twice.rows_seen == once  # repeating every config adds no op rows
+    compute_nodes = sum(int((s.graph.nodes["stream"] == "compute").sum()) for s in steps[: len(configs)])
+    assert once < compute_nodes  # identical ops inside and across graphs were merged
+    separate = SpyPredictor()
+    for config in configs:
+        StepComposer(separate).compose(config)
+    assert once < separate.rows_seen
+
+
+def test_interval_brackets_the_step_and_nan_bounds_fall_back_to_the_point():
+    steps = StepComposer(SpyPredictor()).compose_many(_configs())
+    for step in steps:
+        assert step.step_lo_ms < step.step_ms < step.step_hi_ms
+        assert (step.node_lo_ms <= step.node_ms).all() and (step.node_ms <= step.node_hi_ms).all()
+        attention = (step.graph.nodes["op"] == "attention").to_numpy()
+        assert attention.any()
+        np.testing.assert_array_equal(step.node_lo_ms[attention], step.node_ms[attention])
+
+
+def test_collective_predictor_times_collective_nodes():
+    config = parse_run_row({**BASE, **LAYOUTS[1]})
+    plain = StepComposer(AnalyticOpPredictor()).compose(config)
+    doubled = StepComposer(AnalyticOpPredictor(), DoubleCollectives()).compose(config)
+    comm = (plain.graph.nodes["stream"] != "compute").to_numpy()
+    np.testing.assert_allclose(doubled.node_ms[comm], 2.0 * plain.node_ms[comm])
+    np.testing.assert_array_equal(doubled.node_ms[~comm], plain.node_ms[~comm])
+    assert doubled.breakdown.comm_ms["tp"] == pytest.approx(2.0 * plain.breakdown.comm_ms["tp"])
+    assert doubled.step_hi_ms > doubled.step_ms
+
+
+def test_timing_scopes_nest():
+    config = parse_run_row({**BASE, **LAYOUTS[0]})
+    composer = StepComposer(AnalyticOpPredictor())
+    fwd, fwd_bwd, step = (composer.compose(config, timing_scope=s).step_ms for s in ("fwd", "fwd_bwd", "step"))
+    assert 0 < fwd < fwd_bwd < step
+    with pytest.raises(SpecError, match="timing_scope"):
+        composer.compose(config, timing_scope="inference")
+
+
+def test_composed_frame_has_the_breakdown_columns():
+    steps = StepComposer(AnalyticOpPredictor()).compose_many(_configs())
+    frame = composed_frame(steps)
+    assert len(frame) == len(steps)
+    for col in ("step_ms", "step_lo_ms", "step_hi_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms"):
+        assert col in frame
+    assert not frame.isna().any().any()
+    parts = frame.drop(columns=["step_ms", "step_lo_ms", "step_hi_ms"]).sum(axis=1)
+    np.testing.assert_allclose(parts, frame["step_ms"], rtol=1e-9)
+
+
+def test_empty_and_misaligned_inputs():
+    composer = StepComposer(AnalyticOpPredictor())
+    assert composer.compose_many([]) == []
+    with pytest.raises(SpecError, match="timing scopes"):
+        composer.compose_many(_configs()[:2], timing_scopes=["step"])
+    with pytest.raises(SpecError, match="coverage"):
+        StepComposer(AnalyticOpPredictor(), coverage=1.5)
+
+
+def test_pandas_frame_of_nodes_is_not_modified():
+    config = parse_run_row({**BASE, **LAYOUTS[1]})
+    step = StepComposer(SpyPredictor()).compose(config)
+    assert isinstance(step.graph.nodes, pd.DataFrame)
+    assert "gpu" not in step.graph.nodes and "link" not in step.graph.nodes
+
+
+def test_default_bundle_composes_with_an_interval():
+    from perfcast.models.bundle import load_bundle
+
+    bundle = load_bundle(Path(perfcast.models.__file__).parent / "default_bundle")
+    configs = _configs()[:3]
+    steps = StepComposer(bundle).compose_many(configs)
+    for config, step in zip(configs, steps, strict=True):
+        assert step.step_lo_ms <= step.step_ms <= step.step_hi_ms
+        assert step.step_lo_ms < step.step_hi_ms  # the op model's GEMM intervals reach the step
+        assert np.isfinite(step.node_ms).all() and (step.node_ms >= 0).all()
+        assert step.step_ms > 0.5 * predict_step(config).step_ms  # roofline is (nearly) a lower bound

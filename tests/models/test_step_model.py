@@ -1,0 +1,104 @@
+"""Tests of the step-time GBDT: estimator contract, learning, intervals and persistence."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.exceptions import NotFittedError
+
+from perfcast.errors import BundleError, SpecError
+from perfcast.features.run_features import RUN_FEATURE_SPEC
+from perfcast.models.step_model import StepTimeRegressor
+from perfcast.training.metrics import mape
+
+SMALL = {"n_estimators": 60, "max_depth": 3, "n_jobs": 1}
+
+
+def _data(n=300, seed=0):
+    """Random run features; measured = composed * exp(0.4 * tp-ish feature + noise)."""
+    rng = np.random.default_rng(seed)
+    X = pd.DataFrame(rng.normal(size=(n, len(RUN_FEATURE_SPEC.columns))), columns=list(RUN_FEATURE_SPEC.columns))
+    X["tp"] = rng.choice([1.0, 2.0, 4.0, 8.0], size=n)
+    X["log_composed_step_ms"] = rng.uniform(2.0, 8.0, size=n)
+    y = np.exp(X["log_composed_step_ms"] + 0.4 * np.log2(X["tp"]) + rng.normal(0.0, 0.03, size=n))
+    groups = rng.integers(0, 4, size=n)
+    return X, y.to_numpy(), groups
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y, groups = _data()
+    return StepTimeRegressor(**SMALL).fit(X, y, groups=groups), X, y
+
+
+def test_fit_returns_self_and_learns_the_ratio(fitted):
+    model, X, y = fitted
+    X2, y2, g2 = _data(seed=1)
+    fresh = StepTimeRegressor(**SMALL)
+    assert fresh.fit(X2, y2, groups=g2) is fresh
+    composed = np.exp(X["log_composed_step_ms"])
+    assert mape(model.predict(X), y) < 0.2 * mape(composed, y)
+
+
+def test_predict_before_fit_raises():
+    X, _, _ = _data(n=10)
+    with pytest.raises(NotFittedError):
+        StepTimeRegressor().predict(X)
+    with pytest.raises(NotFittedError):
+        StepTimeRegressor().predict_interval(X)
+
+
+def test_shapes_and_interval_order(fitted):
+    model, X, _ = fitted
+    pred = model.predict(X)
+    interval = model.predict_interval(X, coverage=0.9)
+    assert pred.shape == (len(X),) and interval.shape == (len(X), 2)
+    assert (interval[:, 0] <= pred).all() and (pred <= interval[:, 1]).all()
+
+
+def test_interval_widens_with_coverage_and_covers_held_out_rows(fitted):
+    model, _, _ = fitted
+    X, y, _ = _data(n=400, seed=2)
+    widths = [np.diff(model.predict_interval(X, coverage=c), axis=1).ravel() for c in (0.5, 0.8, 0.9, 0.99)]
+    for narrow, wide in zip(widths, widths[1:], strict=False):
+        assert (narrow <= wide + 1e-12).all()
+    lo, hi = model.predict_interval(X, coverage=0.9).T
+    assert 0.8 <= np.mean((lo <= y) & (y <= hi)) <= 1.0
+
+
+def test_save_load_round_trip(fitted, tmp_path):
+    model, X, _ = fitted
+    meta = model._save_to(tmp_path)
+    loaded = StepTimeRegressor._load_from(tmp_path, meta)
+    np.testing.assert_array_equal(loaded.predict(X), model.predict(X))
+    np.testing.assert_array_equal(loaded.predict_interval(X, coverage=0.8), model.predict_interval(X, coverage=0.8))
+    assert loaded.get_params() == model.get_params()
+    with pytest.raises(BundleError, match="version"):
+        StepTimeRegressor._load_from(tmp_path, {**meta, "run_feature_spec_version": -1})
+    (tmp_path / meta["booster_file"]).unlink()
+    with pytest.raises(BundleError, match="missing"):
+        StepTimeRegressor._load_from(tmp_path, meta)
+
+
+def test_feature_subset_is_used_by_name(fitted):
+    _, X, y = fitted
+    names = ("tp", "log2_hidden")
+    model = StepTimeRegressor(features=names, **SMALL).fit(X, y)
+    assert model.feature_names_ == names
+    shuffled = X[list(reversed(X.columns))]
+    np.testing.assert_array_equal(model.predict(shuffled), model.predict(X))
+
+
+def test_bad_inputs_are_refused():
+    X, y, groups = _data(n=40)
+    with pytest.raises(SpecError, match="DataFrame"):
+        StepTimeRegressor(**SMALL).fit(X.to_numpy(), y)
+    with pytest.raises(SpecError, match="lacks"):
+        StepTimeRegressor(**SMALL).fit(X.drop(columns="tp"), y)
+    with pytest.raises(SpecError, match="> 0"):
+        StepTimeRegressor(**SMALL).fit(X, -y)
+    with pytest.raises(SpecError, match="2 groups"):
+        StepTimeRegressor(**SMALL).fit(X, y, groups=np.zeros(len(y)))
+    with pytest.raises(SpecError, match="coverage"):
+        StepTimeRegressor(**SMALL).fit(X, y, groups=groups).predict_interval(X, coverage=1.0)

@@ -1,0 +1,123 @@
+"""Tests of the step-training pipeline: loading, parsing with reasons, splits and metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from fixtures.shared import shared_file
+
+from perfcast.models.analytic import AnalyticOpPredictor, predict_step
+from perfcast.models.composer import StepComposer
+from perfcast.training.train_steps import (
+    build_step_table,
+    evaluate_steps,
+    fit_step_model,
+    group_spearman,
+    load_runs,
+    split_mlperf_old_to_new,
+    split_mlperf_small_to_large,
+    split_vtrain_small_to_large,
+)
+
+
+def _runs() -> tuple[pd.DataFrame, pd.Series]:
+    """vTrain-like runs on 2, 4 and 8 A100s with a measured time 1.5x-2x the analytic one, and one bad row."""
+    rows = []
+    for gpus in (2, 4, 8):
+        for tp in (1, 2):
+            for mb in (1, 2, 4):
+                dp = gpus // tp
+                rows.append(
+                    {
+                        "model": "gpt3-350m",
+                        "gpu": "a100-sxm4-80gb",
+                        "num_gpus": gpus,
+                        "tp": tp,
+                        "dp": dp,
+                        "micro_batch": mb,
+                        "global_batch": 8 * dp,
+                        "source": "vtrain",
+                        "timing_scope": "step",
+                    }
+                )
+    rows.append({**rows[0], "tp": 3, "dp": 1, "num_gpus": 3})  # tp=3 does not divide the heads
+    runs = pd.DataFrame(rows).assign(measured_step_ms=1.0)
+    return runs, 1.5 + 0.25 * runs["tp"] / runs["micro_batch"]
+
+
+@pytest.fixture(scope="module")
+def table():
+    runs, factor = _runs()
+    composer = StepComposer(AnalyticOpPredictor())
+    first = build_step_table(runs, composer)
+    ok = runs.index.drop(first.errors["row"])
+    runs.loc[ok, "measured_step_ms"] = first.runs["step_ms"].to_numpy() * factor[ok].to_numpy()
+    return build_step_table(runs, composer)
+
+
+def test_invalid_rows_are_reported_not_dropped_silently(table):
+    assert len(table.errors) == 1
+    assert "tp=3" in table.errors["error"].iloc[0]
+    assert len(table.runs) == len(table.features) == len(table.configs) == len(table.steps) == 18
+
+
+def test_composed_columns_match_the_analytic_predictor(table):
+    expected = [predict_step(c).step_ms for c in table.configs]
+    np.testing.assert_allclose(table.runs["step_ms"], expected, rtol=1e-12)
+    assert table.runs["group"].nunique() == 3  # one model on three cluster sizes
+
+
+def test_vtrain_split_trains_small_and_tests_large(table):
+    train, test = split_vtrain_small_to_large(table.runs)
+    assert set(table.runs.loc[train, "num_gpus"]) == {2, 4}
+    assert set(table.runs.loc[test, "num_gpus"]) == {8}
+    assert not (train & test).any()
+
+
+def test_mlperf_splits():
+    runs = pd.DataFrame(
+        {
+            "source": ["mlperf"] * 4 + ["vtrain"],
+            "num_gpus": [512, 768, 4096, 64, 8],
+            "mlperf_version": ["v3.0", "v3.1", "v3.1", "v4.1", None],
+        }
+    )
+    train, test = split_mlperf_small_to_large(runs)
+    assert train.tolist() == [True, True, False, True, True] and test.tolist() == [False, False, True, False, False]
+    train, test = split_mlperf_old_to_new(runs)
+    assert train.tolist() == [True, True, True, False, True] and test.tolist() == [False, False, False, True, False]
+
+
+def test_gbdt_corrects_the_composed_step(table):
+    train, test = split_vtrain_small_to_large(table.runs)
+    model = fit_step_model(table, train, n_estimators=80, max_depth=3, n_jobs=1)
+    true = table.runs.loc[test, "measured_step_ms"].to_numpy()
+    pred = model.predict(table.features[test])
+    lo, hi = model.predict_interval(table.features[test]).T
+    gbdt = evaluate_steps(pred, true, table.runs.loc[test, "group"], lo, hi)
+    composed = evaluate_steps(table.runs.loc[test, "step_ms"], true, table.runs.loc[test, "group"])
+    assert gbdt["mape"] < 0.5 * composed["mape"]
+    assert {"coverage", "rel_width", "spearman_mean", "spearman_pooled"} <= set(gbdt)
+    assert "coverage" not in composed
+
+
+def test_group_spearman_counts_only_groups_large_enough():
+    pred = [1, 2, 3, 4, 1, 2, 5]
+    true = [1, 2, 3, 4, 2, 1, 7]
+    out = group_spearman(pred, true, ["a"] * 4 + ["b"] * 2 + ["c"])
+    assert out["spearman_groups"] == 1 and out["spearman_mean"] == pytest.approx(1.0)
+    assert group_spearman([1, 1, 1], [1, 2, 3], ["a"] * 3)["spearman_groups"] == 0
+
+
+def test_real_vtrain_file_loads_parses_and_splits():
+    path = shared_file("vtrain_megatron_iteration_time.csv")
+    runs = load_runs(path.parent, sources=["vtrain"])
+    assert len(runs) == 1440 and set(runs["source"]) == {"vtrain"}
+    sample = runs.groupby("num_gpus").head(20).reset_index(drop=True)
+    table = build_step_table(sample, StepComposer(AnalyticOpPredictor()))
+    assert table.errors.empty
+    expected = [predict_step(c).step_ms for c in table.configs]
+    np.testing.assert_allclose(table.runs["step_ms"], expected, rtol=1e-12)
+    train, test = split_vtrain_small_to_large(runs.assign(num_gpus=runs["num_gpus"].astype(int)))
+    assert (train.sum(), test.sum()) == (720, 720)
