@@ -3,23 +3,29 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from perfcast.errors import BundleError, SpecError
+from perfcast.features.run_config import parse_run_row
 from perfcast.models.step_calibration import (
     SHRINK_RUNS,
+    CalibratedStepPredictor,
     ClusterCorrection,
-    apply_step_corrections,
     cluster_key,
+    config_cluster_key,
     fit_step_correction,
     load_step_corrections,
     save_step_correction,
 )
 
 
-def test_cluster_key_names_gpu_node_size_and_fabric() -> None:
-    assert cluster_key("h100-sxm5-80gb", 8) == "h100-sxm5-80gb/8gpn"
-    assert cluster_key("h100-sxm5-80gb", 8, "ib-ndr") == "h100-sxm5-80gb/8gpn/ib-ndr"
+def test_cluster_key_names_gpu_and_fabric() -> None:
+    assert cluster_key("h100-sxm5-80gb") == "h100-sxm5-80gb"
+    assert cluster_key("h100-sxm5-80gb", "ib-ndr") == "h100-sxm5-80gb/ib-ndr"
+    one = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 8})
+    two = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 8, "dp": 8})
+    assert config_cluster_key(one) == config_cluster_key(two)
 
 
 def test_shift_is_the_shrunk_mean_log_ratio() -> None:
@@ -44,19 +50,31 @@ def test_unusable_runs_are_ignored_and_none_is_an_error() -> None:
         fit_step_correction("c", np.array([1.0, 2.0]), np.array([1.0]))
 
 
-def test_apply_scales_only_the_corrected_clusters_and_keeps_order() -> None:
-    corr = fit_step_correction("a", np.full(4, 300.0), np.full(4, 100.0))
-    pred, lo, hi, done = apply_step_corrections(
-        np.array(["a", "b"]), np.array([10.0, 10.0]), np.array([8.0, 8.0]), np.array([12.0, 12.0]), {"a": corr}
-    )
-    assert done.tolist() == [True, False]
-    assert pred[0] == pytest.approx(10.0 * corr.factor)
-    assert lo[0] <= pred[0] <= hi[0]
-    assert (pred[1], lo[1], hi[1]) == (10.0, 8.0, 12.0)
+class _Fixed:
+    name = "fixed"
+
+    def predict_configs(self, configs, *, coverage=0.9):
+        n = len(configs)
+        return pd.DataFrame({"step_ms": np.full(n, 10.0), "step_lo_ms": np.full(n, 8.0),
+                             "step_hi_ms": np.full(n, 12.0), "composed_step_ms": np.full(n, 5.0),
+                             "compute_ms": np.full(n, 6.0)})  # fmt: skip
+
+
+def test_calibrated_predictor_scales_only_the_corrected_clusters() -> None:
+    a100 = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 8})
+    h100 = parse_run_row({"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "global_batch": 8})
+    corr = fit_step_correction(config_cluster_key(a100), np.full(4, 300.0), np.full(4, 100.0))
+    calibrated = CalibratedStepPredictor(_Fixed(), {corr.cluster: corr})
+    out = calibrated.predict_configs([a100, h100, a100])
+    assert calibrated.name == "fixed+calibrated"
+    assert out["step_ms"].tolist() == pytest.approx([10 * corr.factor, 10.0, 10 * corr.factor])
+    assert out.loc[0, "step_lo_ms"] < out.loc[0, "step_ms"] < out.loc[0, "step_hi_ms"]
+    assert out.loc[0, "compute_ms"] == pytest.approx(6 * corr.factor)
+    assert out["composed_step_ms"].tolist() == [5.0, 5.0, 5.0]
 
 
 def test_json_round_trip_and_store(tmp_path) -> None:
-    corr = fit_step_correction(cluster_key("a100-sxm4-80gb", 8, "ib-hdr"), np.array([120.0]), np.array([100.0]))
+    corr = fit_step_correction(cluster_key("a100-sxm4-80gb", "ib-hdr"), np.array([120.0]), np.array([100.0]))
     path = save_step_correction(corr, tmp_path)
     assert "/" not in path.name
     assert load_step_corrections(tmp_path) == {corr.cluster: corr}

@@ -12,6 +12,8 @@ from typer.testing import CliRunner
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS, read_table
 from perfcast.errors import SpecError
 from perfcast.features.model import list_models
+from perfcast.features.run_config import parse_run_row
+from perfcast.models import analytic
 from perfcast.serve.batch import predict_ops_table, predict_steps_table
 from perfcast.serve.cli import app
 
@@ -89,12 +91,32 @@ def test_breakdown_columns_sum_to_step():
     np.testing.assert_allclose(mem, good["peak_mem_gib"], rtol=1e-9)
 
 
-def test_progress_and_unknown_model():
+def test_progress_counts_every_row_and_coverage_is_checked():
     seen: list[int] = []
-    predict_steps_table(RUNS.iloc[:2], progress=seen.append)
-    assert seen == [1, 1]
-    with pytest.raises(SpecError, match="model='xgb'"):
-        predict_steps_table(RUNS, model="xgb")
+    predict_steps_table(RUNS, progress=seen.append)
+    assert sum(seen) == len(RUNS)
+    with pytest.raises(SpecError, match="coverage=1.5"):
+        predict_steps_table(RUNS, coverage=1.5)
+
+
+def test_analytic_step_predictor_matches_the_analytic_model():
+    good = RUNS.iloc[[0, 2, 5]]
+    out = predict_steps_table(good)
+    expected = [analytic.predict_step(parse_run_row(r.to_dict())).step_ms for _, r in good.iterrows()]
+    np.testing.assert_allclose(out["step_ms"], expected, rtol=1e-9)
+
+
+def test_learned_step_predictor_gives_an_interval_and_learned_breakdown():
+    from perfcast.serve.predictors import load_step_predictor
+
+    predictor = load_step_predictor("composed")
+    out = predict_steps_table(RUNS, predictor=predictor, breakdown=True, coverage=0.8)
+    good = out[out[ERROR_COLUMN] == ""]
+    assert (good["step_lo_ms"] <= good["step_ms"]).all() and (good["step_ms"] <= good["step_hi_ms"]).all()
+    assert (good["step_hi_ms"] > good["step_lo_ms"]).any()
+    comm = [c for c in out.columns if c.startswith("comm_")]
+    parts = good[["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
+    np.testing.assert_allclose(parts, good["step_ms"], rtol=1e-9)
 
 
 # ------------------------------------------------------------------ op tables

@@ -140,4 +140,5 @@ def parse_run_row(row: Mapping[str, Any]) -> RunConfig:
         inter_node,
     )
     check_layout(model, parallel, cluster)
+    cluster.gpu.peak_tflops(parallel.dtype)  # the GPU must run the dtype (no bf16 on a V100)
     return RunConfig(model=model, parallel=parallel, cluster=cluster)

@@ -1,4 +1,4 @@
-"""Saved op predictors: a directory with a manifest and XGBoost native models, no pickles.
+"""Saved predictors: a directory with a manifest and native model files, no pickles.
 
 Layout::
 
@@ -6,6 +6,11 @@ Layout::
                        each model's class, files, hyperparameters and fitted scalars
     op_<class>.ubj     one booster per op class of the OpTimeRegressor (gemm, vector, ...)
     collective.ubj     the CollectiveTimeRegressor's booster (when one is saved)
+    step_*             the step model (GBDT booster or GNN state dicts), when one is saved
+
+A bundle with an op model predicts ops; with a step model too it predicts steps
+(:meth:`OpPredictorBundle.step_predictor`): the step model corrects the steps composed
+from the same bundle's op (and collective) models, the ones it was trained against.
 
 A model takes part through one of two hooks:
 
@@ -50,7 +55,7 @@ logger = logging.getLogger(__name__)
 MANIFEST_FILE = "manifest.json"
 BUNDLE_FORMAT = "perfcast-op-bundle"
 BUNDLE_SCHEMA_VERSION = 1
-_MODEL_SLOTS = ("op", "collective")
+_MODEL_SLOTS = ("op", "collective", "step")
 _ALLOWED_MODULE_PREFIX = "perfcast.models."
 _CATALOG_DIRS = (("catalog", "accelerators"), ("catalog", "fabrics"))
 
@@ -82,18 +87,26 @@ def _json_default(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class OpPredictorBundle:
-    """A loaded bundle: the op and collective models (either may be None) and the manifest."""
+    """A loaded bundle: the op, collective and step models (any may be None) and the manifest."""
 
     path: Path
     manifest: dict[str, Any]
     op_model: Any = None
     collective_model: Any = None
+    step_model: Any = None
     metrics: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         """How predictions name this predictor: ``bundle:<folder>``."""
         return f"bundle:{Path(self.path).name}" if self.path is not None else "bundle"
+
+    def step_predictor(self) -> Any:
+        """The bundle's step predictor: its op models composed, corrected by its step model if any."""
+        from perfcast.models.step_predictor import StepPredictor
+
+        name = self.name if self.step_model is not None else f"composed:{self.name}"
+        return StepPredictor(self, self.collective_model, self.step_model, name=name)
 
     def out_of_domain(self, ops: pd.DataFrame) -> np.ndarray:
         """Boolean per row: a learned model predicts it outside its training range."""
@@ -147,6 +160,7 @@ def save_bundle(
     *,
     op_model: Any = None,
     collective_model: Any = None,
+    step_model: Any = None,
     metrics: Mapping[str, Any] | None = None,
     datasets: Mapping[str, str] | None = None,
 ) -> Path:
@@ -156,6 +170,8 @@ def save_bundle(
         path: the bundle directory.
         op_model: a fitted ``OpTimeRegressor`` (or any model with the hooks above).
         collective_model: a fitted ``CollectiveTimeRegressor``.
+        step_model: a fitted step model (``StepTimeRegressor`` or ``StepGNNRegressor``)
+            trained on steps composed with ``op_model`` and ``collective_model``.
         metrics: JSON-able evaluation metrics to record.
         datasets: dataset name -> content hash (``perfcast.data.dataset.content_hash``).
 
@@ -167,8 +183,8 @@ def save_bundle(
             JSON-able.
     """
     path = Path(path)
-    models = {"op": op_model, "collective": collective_model}
-    if all(m is None for m in models.values()):
+    models = {"op": op_model, "collective": collective_model, "step": step_model}
+    if op_model is None and collective_model is None:
         raise BundleError("save_bundle needs op_model and/or collective_model; got neither")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
@@ -294,6 +310,7 @@ def load_bundle(path: str | Path) -> OpPredictorBundle:
         manifest=manifest,
         op_model=loaded.get("op"),
         collective_model=loaded.get("collective"),
+        step_model=loaded.get("step"),
         metrics=dict(manifest.get("metrics") or {}),
     )
 

@@ -9,32 +9,38 @@ measured steps of the user's own cluster estimate that shared part as a log shif
 * the predictor's interval is moved along with the median, its width kept (a handful of
   steps says little about the spread of the remaining error).
 
-A cluster is the GPU type and how nodes are wired (:func:`cluster_key`): a correction
+A cluster is the GPU type and the fabric between nodes (:func:`cluster_key`): a correction
 fitted on 16-GPU runs applies to 256-GPU runs of the same cluster. A
-:class:`ClusterCorrection` is a small JSON file.
+:class:`ClusterCorrection` is a small JSON file; :class:`CalibratedStepPredictor` applies
+the stored corrections to any step predictor.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
+from perfcast.features.run_config import RunConfig
 
 SHRINK_RUNS = 0.5
 SCHEMA_VERSION = 1
-_SAFE = str.maketrans({c: "_" for c in "/\\:* ?\"<>|"})
+_SAFE = str.maketrans({c: "_" for c in '/\\:* ?"<>|'})
 
 
-def cluster_key(gpu: str, gpus_per_node: int, inter_node_fabric: str | None = None) -> str:
-    """The key a correction applies to: ``<gpu>/<gpus_per_node>gpn[/<fabric>]``."""
-    key = f"{gpu}/{int(gpus_per_node)}gpn"
-    return f"{key}/{inter_node_fabric}" if inter_node_fabric else key
+def cluster_key(gpu: str, inter_node_fabric: str | None = None) -> str:
+    """The key a correction applies to: ``<gpu>[/<inter-node fabric>]``.
+
+    The node size is not part of it: runs on fewer GPUs than a node report smaller nodes.
+    """
+    return f"{gpu}/{inter_node_fabric}" if inter_node_fabric else gpu
 
 
 @dataclass(frozen=True)
@@ -86,9 +92,7 @@ def fit_step_correction(
         raise SpecError(f"measured_ms has {measured.shape} values but predicted_ms has {predicted.shape}")
     ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
     if not ok.any():
-        raise SpecError(
-            f"no usable run to calibrate cluster {cluster}: need measured_step_ms > 0 and a predicted step"
-        )
+        raise SpecError(f"no usable run to calibrate cluster {cluster}: need measured_step_ms > 0 and a predicted step")
     residual = np.log(measured[ok] / predicted[ok])
     k = len(residual)
     return ClusterCorrection(
@@ -99,25 +103,6 @@ def fit_step_correction(
         model=model,
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
     )
-
-
-def apply_step_corrections(
-    clusters: np.ndarray,
-    pred_ms: np.ndarray,
-    lo_ms: np.ndarray,
-    hi_ms: np.ndarray,
-    corrections: Mapping[str, ClusterCorrection],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Scale the step times (and interval) of rows whose cluster has a correction.
-
-    Returns:
-        ``(pred, lo, hi, corrected)``: new arrays, ms, and a boolean mask of corrected rows.
-    """
-    clusters = np.asarray(clusters, dtype=object)
-    factor = np.array([corrections[c].factor if c in corrections else 1.0 for c in clusters], dtype=float)
-    corrected = np.array([c in corrections for c in clusters], dtype=bool)
-    scale = [np.asarray(a, dtype=float) * factor for a in (pred_ms, lo_ms, hi_ms)]
-    return scale[0], scale[1], scale[2], corrected
 
 
 def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
@@ -141,3 +126,29 @@ def load_step_corrections(directory: str | Path) -> dict[str, ClusterCorrection]
         corr = ClusterCorrection.from_json(path.read_text(encoding="utf-8"), where=str(path))
         out[corr.cluster] = corr
     return out
+
+
+def config_cluster_key(config: RunConfig) -> str:
+    """The :func:`cluster_key` of a checked config's cluster."""
+    cluster = config.cluster
+    return cluster_key(cluster.gpu.id, cluster.inter_node_fabric)
+
+
+class CalibratedStepPredictor:
+    """A step predictor with per-cluster corrections applied to the configs of those clusters."""
+
+    def __init__(self, base: Any, corrections: Mapping[str, ClusterCorrection]) -> None:
+        self.base = base
+        self.corrections = dict(corrections)
+        self.name = f"{getattr(base, 'name', 'model')}+calibrated"
+
+    def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
+        """The base predictor's rows, step times and breakdown scaled on corrected clusters."""
+        frame = self.base.predict_configs(configs, coverage=coverage)
+        if not self.corrections or not len(frame):
+            return frame
+        keys = np.array([config_cluster_key(c) for c in configs], dtype=object)
+        factor = np.array([self.corrections[k].factor if k in self.corrections else 1.0 for k in keys])
+        timed = [c for c in frame.columns if c.endswith("_ms") and c != "composed_step_ms"]
+        frame[timed] = frame[timed].mul(factor, axis=0)
+        return frame

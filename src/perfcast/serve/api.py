@@ -19,7 +19,6 @@ batch are predicted: one bad row does not cost the batch.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
@@ -28,13 +27,11 @@ from fastapi import FastAPI
 from pydantic import BaseModel, ConfigDict, Field
 
 from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
-from perfcast.serve.predictors import load_op_predictor
+from perfcast.serve.predictors import load_op_predictor, load_step_predictor
 
 __version__ = version("perfcast")
 MAX_ROWS = 100_000
 """Rows one request may carry; larger sweeps belong to ``perfcast predict`` on a file."""
-
-StepsFn = Callable[[pd.DataFrame, float, bool], pd.DataFrame]
 
 
 class OpRow(BaseModel):
@@ -144,22 +141,15 @@ def _frame(rows: list[BaseModel]) -> pd.DataFrame:
     return pd.DataFrame([r.model_dump(exclude_none=True) for r in rows])
 
 
-def _analytic_steps(runs: pd.DataFrame, coverage: float, breakdown: bool) -> pd.DataFrame:
-    del coverage  # the analytic predictor has no interval
-    return predict_steps_table(runs, breakdown=breakdown)
-
-
-def create_app(*, op_model: str | None = None, steps: StepsFn | None = None, step_name: str = "analytic") -> FastAPI:
-    """The service, with the op predictor named by ``op_model`` (see ``--model``) loaded once.
+def create_app(*, model: str | None = None) -> FastAPI:
+    """The service, with the op and step predictors of ``model`` loaded once.
 
     Args:
-        op_model: op predictor reference; None is the shipped default bundle.
-        steps: batch step prediction ``(runs, coverage, breakdown) -> rows``; None is the
-            analytic predictor.
-        step_name: how responses name the step predictor.
+        model: ``analytic``, a bundle folder or an MLflow URI (as ``--model``); None is
+            the shipped default bundle.
     """
-    op_predictor = load_op_predictor(op_model)
-    steps = steps or _analytic_steps
+    op_predictor = load_op_predictor(model)
+    step_predictor = load_step_predictor(model)
     app = FastAPI(
         title="perfcast",
         version=__version__,
@@ -169,7 +159,12 @@ def create_app(*, op_model: str | None = None, steps: StepsFn | None = None, ste
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         """Liveness, the package version and the predictors in use."""
-        return {"status": "ok", "version": __version__, "op_predictor": op_predictor.name, "step_predictor": step_name}
+        return {
+            "status": "ok",
+            "version": __version__,
+            "op_predictor": op_predictor.name,
+            "step_predictor": step_predictor.name,
+        }
 
     @app.get("/v1/hardware")
     def hardware() -> list[dict[str, Any]]:
@@ -192,9 +187,11 @@ def create_app(*, op_model: str | None = None, steps: StepsFn | None = None, ste
     @app.post("/v1/predict/steps")
     def predict_steps(request: StepsRequest) -> PredictionResponse:
         """Predict a batch of run-table rows."""
-        out = steps(_frame(request.rows), request.coverage, request.breakdown)
+        out = predict_steps_table(
+            _frame(request.rows), predictor=step_predictor, coverage=request.coverage, breakdown=request.breakdown
+        )
         return PredictionResponse(
-            predictor=step_name,
+            predictor=step_predictor.name,
             coverage=request.coverage,
             n_errors=int((out["error"] != "").sum()),
             rows=_records(request.rows, out),

@@ -19,8 +19,9 @@ from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
+from perfcast.features.memory import peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
-from perfcast.features.run_config import parse_run_row
+from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.models import analytic
 
 logger = logging.getLogger(__name__)
@@ -51,10 +52,23 @@ def _error_frame(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     return out
 
 
+class StepPredictorLike(Protocol):
+    """What batch step prediction needs: a name and one frame row per checked config."""
+
+    name: str
+
+    def predict_configs(self, configs: list[RunConfig], *, coverage: float = DEFAULT_COVERAGE) -> pd.DataFrame: ...
+
+
+STEP_CHUNK_ROWS = 512
+"""Configs composed together: distinct ops are predicted once per chunk."""
+
+
 def predict_steps_table(
     runs: pd.DataFrame,
     *,
-    model: str = analytic.NAME,
+    predictor: StepPredictorLike | None = None,
+    coverage: float = DEFAULT_COVERAGE,
     breakdown: bool = False,
     progress: ProgressFn | None = None,
 ) -> pd.DataFrame:
@@ -62,52 +76,90 @@ def predict_steps_table(
 
     Args:
         runs: run-table rows (DESIGN.md "Interfaces").
-        model: predictor name; only ``"analytic"`` exists so far.
-        breakdown: add the step breakdown columns (``compute_ms``, ``comm_<group>_ms``,
-            ``bubble_ms``, ``dp_sync_ms``, ``optimizer_ms``) and the memory parts.
-        progress: called after each row.
+        predictor: the step predictor (:class:`~perfcast.models.step_predictor.StepPredictor`);
+            None is the analytic one.
+        coverage: nominal coverage of the interval, in (0, 1).
+        breakdown: add ``composed_step_ms``, the step breakdown columns (``compute_ms``,
+            ``comm_<group>_ms``, ``bubble_ms``, ``dp_sync_ms``, ``optimizer_ms``) and the
+            memory parts.
+        progress: called with the number of rows finished.
 
     Returns:
         The input rows, in order, with ``RUN_OUTPUT_COLUMNS`` and ``error`` added.
     """
-    _check_model_name(model)
+    if not 0.0 < coverage < 1.0:
+        raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
+    from perfcast.models.step_predictor import StepPredictor
+
+    predictor = predictor or StepPredictor.analytic()
     out = _error_frame(runs, RUN_OUTPUT_COLUMNS)
     out["fits_memory"] = out["fits_memory"].astype(object)
-    extra: dict[int, dict[str, float]] = {}
+    positions: list[int] = []
+    configs: list[RunConfig] = []
     for pos, (_, row) in enumerate(runs.iterrows()):
         try:
-            config = parse_run_row(row.to_dict())
-            pred = analytic.predict_step(config)
+            configs.append(parse_run_row(row.to_dict()))
+            positions.append(pos)
         except PerfcastError as exc:
             out.iat[pos, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
-        else:
-            values = {
-                "step_ms": pred.step_ms,
-                "peak_mem_gib": pred.memory.total_gib,
-                "fits_memory": pred.fits_memory,
-                "mfu": pred.mfu,
-                "tokens_per_s": pred.tokens_per_s,
-            }
-            for col, value in values.items():
-                out.iat[pos, out.columns.get_loc(col)] = value
-            if breakdown:
-                extra[pos] = {
-                    **pred.breakdown.as_row(),
-                    "weights_gib": pred.memory.weights_gib,
-                    "grads_gib": pred.memory.grads_gib,
-                    "optimizer_gib": pred.memory.optimizer_gib,
-                    "activations_gib": pred.memory.activations_gib,
-                }
+    parts: list[pd.DataFrame] = []
+    for start in range(0, len(configs), STEP_CHUNK_ROWS):
+        chunk = configs[start : start + STEP_CHUNK_ROWS]
+        pos = positions[start : start + STEP_CHUNK_ROWS]
+        try:
+            frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk)
+        except PerfcastError:  # isolate the configs the predictor refuses, answer the rest
+            chunk, pos, frame = _one_by_one(predictor, chunk, pos, coverage, out)
+            if not chunk:
+                continue
+        frame.index = pos
+        for col in RUN_OUTPUT_COLUMNS:
+            out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
+        parts.append(frame.drop(columns=list(RUN_OUTPUT_COLUMNS)))
         if progress is not None:
-            progress(1)
-    n_bad = int((out[ERROR_COLUMN] != "").sum())
+            progress(len(chunk))
+    if progress is not None and len(runs) > len(configs):
+        progress(len(runs) - len(configs))
+    n_bad = len(runs) - len(configs)
     if n_bad:
         logger.info("%d of %d rows are not valid configs; see the error column", n_bad, len(out))
-    if breakdown and extra:
-        parts = pd.DataFrame.from_dict(extra, orient="index").reindex(range(len(out)))
-        parts.index = out.index
-        out = pd.concat([out.drop(columns=[ERROR_COLUMN]), parts, out[[ERROR_COLUMN]]], axis=1)
+    if breakdown and parts:
+        extra = pd.concat(parts).reindex(range(len(out)))
+        extra.index = out.index
+        out = pd.concat([out.drop(columns=[ERROR_COLUMN]), extra, out[[ERROR_COLUMN]]], axis=1)
     return out
+
+
+def _one_by_one(
+    predictor: StepPredictorLike, chunk: list[RunConfig], pos: list[int], coverage: float, out: pd.DataFrame
+) -> tuple[list[RunConfig], list[int], pd.DataFrame]:
+    """Predict configs one at a time, writing each refused config's reason into ``out``."""
+    kept: list[tuple[RunConfig, int, pd.DataFrame]] = []
+    for config, p in zip(chunk, pos, strict=True):
+        try:
+            kept.append((config, p, _step_rows(predictor.predict_configs([config], coverage=coverage), [config])))
+        except PerfcastError as exc:
+            out.iat[p, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
+    if not kept:
+        return [], [], pd.DataFrame()
+    return [k[0] for k in kept], [k[1] for k in kept], pd.concat([k[2] for k in kept], ignore_index=True)
+
+
+def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
+    """Add memory, MFU and tokens/s to a predictor's rows for ``configs``."""
+    memory = [peak_memory(c.model, c.parallel, c.cluster) for c in configs]
+    step_s = pred["step_ms"].to_numpy(dtype=float) / 1e3
+    peak_flops = np.array([c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus for c in configs])
+    flops = np.array([analytic.model_flops_per_step(c) for c in configs])
+    tokens = np.array([c.tokens_per_step for c in configs], dtype=float)
+    frame = pred.reset_index(drop=True).copy()
+    frame["peak_mem_gib"] = [m.total_gib for m in memory]
+    frame["fits_memory"] = [m.fits(c.cluster.gpu.mem_gib) for m, c in zip(memory, configs, strict=True)]
+    frame["mfu"] = flops / (step_s * peak_flops)
+    frame["tokens_per_s"] = tokens / step_s
+    for name in ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib"):
+        frame[name] = [getattr(m, name) for m in memory]
+    return frame
 
 
 _OP_SHAPE_FIELDS = {
@@ -196,8 +248,3 @@ def predict_ops_table(
     if progress is not None:
         progress(len(ops))
     return out
-
-
-def _check_model_name(model: str) -> None:
-    if model != analytic.NAME:
-        raise SpecError(f"model={model!r} is not available; allowed: {analytic.NAME!r} (learned predictors come later)")

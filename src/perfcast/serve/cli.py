@@ -97,6 +97,15 @@ def _field(name: str) -> Callable[[pd.Series], str]:
     return lambda row: _fmt(row.get(name))
 
 
+def _interval(lo: str, hi: str) -> Callable[[pd.Series], str]:
+    def cell(row: pd.Series) -> str:
+        if pd.isna(row.get(lo)) or pd.isna(row.get(hi)):
+            return ""
+        return f"{_fmt(row[lo])}-{_fmt(row[hi])}"
+
+    return cell
+
+
 def _short_error(row: pd.Series) -> str:
     text = str(row.get(ERROR_COLUMN) or "")
     return text if len(text) <= ERROR_PREVIEW_CHARS else text[: ERROR_PREVIEW_CHARS - 1] + "…"
@@ -123,6 +132,7 @@ STEP_COLUMNS: list[Column] = [
     ("gpus", _field("num_gpus")),
     ("layout", _layout),
     ("step ms", _field("step_ms")),
+    ("interval", _interval("step_lo_ms", "step_hi_ms")),
     ("mem GiB", _field("peak_mem_gib")),
     ("fits", _field("fits_memory")),
     ("MFU", _field("mfu")),
@@ -167,22 +177,39 @@ def predict_steps(
     output: Path = typer.Option(
         ..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."
     ),
-    model: str = typer.Option("analytic", "--model", help="Predictor: 'analytic' (roofline + alpha-beta + schedule)."),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="'analytic', 'composed', a bundle folder or an MLflow URI (models:/NAME/VERSION); default: shipped.",
+    ),
+    coverage: float = typer.Option(0.9, "--coverage", help="Nominal coverage of the interval step_lo_ms..step_hi_ms."),
     breakdown: bool = typer.Option(
         False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."
     ),
+    calibration: bool = typer.Option(
+        True, "--calibration/--no-calibration", help="Apply stored per-cluster corrections (perfcast calibrate steps)."
+    ),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
-    """Predict step time, peak memory, MFU and tokens/s of every config in a run table."""
+    """Predict step time (with an interval), peak memory, MFU and tokens/s of every config in a run table."""
+    from perfcast.models.step_calibration import CalibratedStepPredictor, load_step_corrections
     from perfcast.serve.batch import predict_steps_table
+    from perfcast.serve.calibrate_steps_cmd import step_calibration_dir
+    from perfcast.serve.predictors import load_step_predictor
 
     def run() -> None:
         runs = read_table(_input(input_path, "runs.csv"))
-        result = predict_steps_table(runs, model=model, breakdown=breakdown)
+        predictor = load_step_predictor(model)
+        corrections = load_step_corrections(step_calibration_dir()) if calibration else {}
+        if corrections:
+            where = step_calibration_dir()
+            _err.print(f"[dim]applying step calibrations of {', '.join(sorted(corrections))} ({where})[/dim]")
+            predictor = CalibratedStepPredictor(predictor, corrections)
+        result = predict_steps_table(runs, predictor=predictor, coverage=coverage, breakdown=breakdown)
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            _show(result, STEP_COLUMNS, f"step predictions ({model})", show)
+            _show(result, STEP_COLUMNS, f"step predictions ({predictor.name})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)

@@ -4,6 +4,9 @@ A reference is ``analytic`` (roofline and alpha-beta, no learning), a bundle dir
 (see :mod:`perfcast.models.bundle`), or an MLflow model URI (``models:/name/3``,
 ``models:/m-<id>``, ``runs:/<run>/model``) of a model logged by ``perfcast train``.
 Without a reference the shipped default bundle is used.
+
+For steps, a bundle with a step model predicts steps with it; a bundle without one
+composes its op predictions (``composed``), and ``analytic`` composes roofline op times.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from perfcast.models.analytic import AnalyticOpPredictor
 logger = logging.getLogger(__name__)
 
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
+COMPOSED = "composed"
 
 
 def default_bundle_path() -> Path:
@@ -67,3 +71,24 @@ def _load_mlflow(uri: str) -> Any:
     if bundle is None:
         raise BundleError(f"{uri!r} is not a perfcast op predictor")
     return bundle
+
+
+def load_step_predictor(ref: str | None = None) -> Any:
+    """The step predictor named by ``ref``: ``analytic``, ``composed`` (the default op
+    bundle composed, no step model), a bundle folder or an MLflow URI; None is the
+    shipped default bundle.
+
+    Raises:
+        BundleError: as :func:`load_op_predictor`.
+    """
+    from perfcast.models.step_predictor import StepPredictor
+
+    if ref == ANALYTIC:
+        return StepPredictor.analytic()
+    if ref == COMPOSED:
+        bundle = load_op_predictor(None)
+        return StepPredictor(bundle, getattr(bundle, "collective_model", None), name=f"composed:{bundle.name}")
+    predictor = load_op_predictor(ref)
+    if isinstance(predictor, AnalyticOpPredictor):  # no default bundle shipped
+        return StepPredictor.analytic()
+    return predictor.step_predictor()

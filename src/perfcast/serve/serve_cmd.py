@@ -12,7 +12,9 @@ EXIT_USER_ERROR = 2
 def serve_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to bind; 0.0.0.0 exposes the service."),
     port: int = typer.Option(8000, "--port", min=1, max=65535, help="TCP port."),
-    model: str | None = typer.Option(None, "--model", help="Op predictor: 'analytic', a bundle or an MLflow URI."),
+    model: str | None = typer.Option(
+        None, "--model", help="Predictor: 'analytic', a bundle folder or an MLflow URI; default: shipped."
+    ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve predictions over HTTP: POST /v1/predict/ops and /v1/predict/steps, GET /v1/hardware."""
@@ -21,7 +23,7 @@ def serve_command(
     from perfcast.serve.api import create_app
 
     try:
-        app = create_app(op_model=model)
+        app = create_app(model=model)
     except PerfcastError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=EXIT_USER_ERROR) from None

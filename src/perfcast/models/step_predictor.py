@@ -1,0 +1,106 @@
+"""Step predictors: composed op times, optionally corrected by a learned step model.
+
+A :class:`StepPredictor` answers "how long is one training step of these configs":
+
+1. the :class:`~perfcast.models.composer.StepComposer` times every workload-graph node
+   with the op predictor (and the collective model, when there is one) and composes them
+   through the pipeline schedule; every distinct op of the whole batch is predicted once;
+2. a learned step model, when there is one, corrects the composed step:
+   :class:`~perfcast.models.step_model.StepTimeRegressor` (GBDT on run features) or
+   :class:`~perfcast.models.gnn.StepGNNRegressor` (GNN on the workload graph). Its
+   interval replaces the composed one.
+
+Breakdown rule: the parts of the composed step (compute, exposed communication per group,
+bubble, data-parallel sync, optimizer) are scaled by ``step_ms / composed_step_ms`` so
+they still add up to the predicted step; ``composed_step_ms`` keeps the uncorrected sum.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from perfcast.errors import SpecError
+from perfcast.features.run_config import RunConfig
+from perfcast.features.run_features import featurize_runs
+from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
+
+__all__ = ["COMPOSED_COLUMN", "StepPredictor", "step_model_inputs"]
+
+COMPOSED_COLUMN = "composed_step_ms"
+_STEP_COLUMNS = ("step_ms", "step_lo_ms", "step_hi_ms")
+
+
+def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[ComposedStep]) -> Any:
+    """What ``model.predict`` takes for these configs: run features, or step graphs for a GNN."""
+    if type(model).__name__ == "StepGNNRegressor":
+        from perfcast.models.gnn import step_graphs
+
+        return step_graphs(configs, steps)
+    return featurize_runs(configs, composed_frame(steps))
+
+
+class StepPredictor:
+    """Composed step times of run configs, corrected by ``step_model`` when one is given.
+
+    Args:
+        op_predictor: times compute nodes (``predict_ops(ops, coverage) -> (pred, lo, hi)``, ms).
+        collective_predictor: times collective nodes; None uses alpha-beta on the cluster.
+        step_model: a fitted step model (see the module docstring) or None.
+        name: how predictions name this predictor.
+        interval: False for predictors that give no interval (the analytic one): the
+            bounds are then NaN rather than a zero-width interval.
+    """
+
+    def __init__(
+        self,
+        op_predictor: Any,
+        collective_predictor: Any = None,
+        step_model: Any = None,
+        *,
+        name: str = "composed",
+        interval: bool = True,
+    ) -> None:
+        self.op_predictor = op_predictor
+        self.collective_predictor = collective_predictor
+        self.step_model = step_model
+        self.name = name
+        self.interval = interval
+
+    @classmethod
+    def analytic(cls) -> StepPredictor:
+        """Roofline op times and alpha-beta collectives composed, no learning, no interval."""
+        from perfcast.models.analytic import NAME, AnalyticOpPredictor
+
+        return cls(AnalyticOpPredictor(), name=NAME, interval=False)
+
+    def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
+        """One row per config, in order: ``step_ms, step_lo_ms, step_hi_ms``, ``composed_step_ms``
+        and the breakdown columns (``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms,
+        comm_<group>_ms``), all ms.
+
+        Raises:
+            SpecError: ``coverage`` outside (0, 1).
+        """
+        if not 0.0 < coverage < 1.0:
+            raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
+        if not configs:
+            return pd.DataFrame(columns=[*_STEP_COLUMNS, COMPOSED_COLUMN])
+        composer = StepComposer(self.op_predictor, self.collective_predictor, coverage=coverage)
+        steps = composer.compose_many(configs)
+        frame = composed_frame(steps)
+        composed = frame["step_ms"].to_numpy(dtype=float)
+        if self.step_model is not None:
+            X = step_model_inputs(self.step_model, configs, steps)
+            pred = np.asarray(self.step_model.predict(X), dtype=float)
+            interval = np.asarray(self.step_model.predict_interval(X, coverage=coverage), dtype=float)
+            frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]
+        if not self.interval:
+            frame["step_lo_ms"] = frame["step_hi_ms"] = np.nan
+        parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
+        frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / composed, axis=0)
+        frame.insert(3, COMPOSED_COLUMN, composed)
+        return frame
