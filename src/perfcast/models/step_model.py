@@ -50,7 +50,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         features: columns of ``X`` to use; ``None`` uses every column of
             :data:`~perfcast.features.run_features.RUN_FEATURE_SPEC`.
         random_state: seed of the booster's row and column sampling and the fold split.
-        n_jobs: XGBoost threads.
+        n_jobs: XGBoost threads (step tables are small: one thread avoids OpenMP spin costs on busy machines).
 
     Attributes:
         booster_: the XGBoost booster fitted on all rows.
@@ -71,7 +71,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         n_calibration_folds: int = 5,
         features: tuple[str, ...] | None = None,
         random_state: int = 0,
-        n_jobs: int = 2,
+        n_jobs: int = 1,
     ) -> None:
         self.n_estimators = n_estimators
         self.max_depth = max_depth

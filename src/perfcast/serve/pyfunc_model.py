@@ -1,11 +1,13 @@
-"""MLflow pyfunc flavour of a perfcast op predictor, logged as code (nothing pickled).
+"""MLflow pyfunc flavour of a perfcast predictor bundle, logged as code (nothing pickled).
 
-``perfcast train ops`` logs this file with ``mlflow.pyfunc.log_model(python_model=<this
+``perfcast train ops|steps`` logs this file with ``mlflow.pyfunc.log_model(python_model=<this
 path>, artifacts={"bundle": <bundle dir>})``; MLflow runs it on load, and
 ``load_context`` reads the bundle through :func:`perfcast.models.bundle.load_bundle`.
-``predict`` takes an op table and returns the same rows with ``pred_ms``,
-``pred_lo_ms``, ``pred_hi_ms`` and ``error`` (``params={"coverage": 0.8}`` changes the
-interval), so ``mlflow models serve`` answers op tables.
+``predict`` takes an op table (rows with an ``op`` column) and returns the same rows with
+``pred_ms``, ``pred_lo_ms``, ``pred_hi_ms`` and ``error``, or a run table and returns the
+rows with ``step_ms``, its interval, memory, MFU, tokens/s and ``error``;
+``params={"coverage": 0.8}`` changes the interval. So ``mlflow models serve`` answers
+both tables.
 """
 
 from __future__ import annotations
@@ -16,20 +18,24 @@ import mlflow
 import pandas as pd
 
 from perfcast.models.bundle import load_bundle
-from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table
+from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
 
 
 class PerfcastOpModel(mlflow.pyfunc.PythonModel):
-    """Pyfunc wrapper around a perfcast op-predictor bundle."""
+    """Pyfunc wrapper around a perfcast predictor bundle (op tables and run tables)."""
 
     def load_context(self, context: Any) -> None:
         """Load the bundle logged as the ``bundle`` artifact."""
         self.bundle = load_bundle(context.artifacts["bundle"])
+        self.steps = self.bundle.step_predictor()
 
     def predict(self, context: Any, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Predict an op table (rows with invalid input get their reason in ``error``)."""
+        """Predict an op table or a run table (invalid rows get their reason in ``error``)."""
         coverage = float((params or {}).get("coverage", DEFAULT_COVERAGE))
-        return predict_ops_table(pd.DataFrame(model_input), predictor=self.bundle, coverage=coverage)
+        table = pd.DataFrame(model_input)
+        if "op" in table.columns:
+            return predict_ops_table(table, predictor=self.bundle, coverage=coverage)
+        return predict_steps_table(table, predictor=self.steps, coverage=coverage)
 
 
 mlflow.models.set_model(PerfcastOpModel())

@@ -1,4 +1,4 @@
-"""``perfcast train ops``: train, evaluate and register the op predictor in MLflow."""
+"""``perfcast train ops|steps``: train, evaluate and register predictors in MLflow."""
 
 from __future__ import annotations
 
@@ -80,6 +80,87 @@ def train_ops_command(
     except PerfcastError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+@train_app.command("steps")
+def train_steps_command(
+    data: Path | None = typer.Option(
+        None, "--data", "-d", help="Folder with the measured run sources (vTrain, NeuSight, MLPerf files)."
+    ),
+    runs: list[Path] = typer.Option([], "--runs", help="Your own run tables with measured_step_ms (repeatable)."),
+    sources: str = typer.Option("vtrain,neusight,mlperf", "--sources", help="Run sources to read from --data."),
+    model_type: str = typer.Option("gbdt", "--model-type", help="Step model: gbdt or gnn."),
+    op_model: str | None = typer.Option(
+        None, "--op-model", help="Op predictor bundle to compose with (default: shipped)."
+    ),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Bundle folder (default: bundles/steps-<UTC>)."),
+    experiment: str = typer.Option("perfcast", "--experiment", help="MLflow experiment name."),
+    register: str | None = typer.Option("perfcast-steps", "--register", help="Registered model name ('' to skip)."),
+    evaluate: bool = typer.Option(True, "--evaluate/--no-evaluate", help="Evaluate on the held-out splits first."),
+    track: bool = typer.Option(
+        True, "--track/--no-track", help="Log the run to MLflow (MLFLOW_TRACKING_URI or ./mlflow.db)."
+    ),
+) -> None:
+    """Train a step model (GBDT or GNN) on measured runs, over steps composed by an op predictor."""
+    import pandas as pd
+
+    from perfcast.data.tables import read_table
+    from perfcast.errors import SpecError
+    from perfcast.serve.predictors import load_op_predictor
+    from perfcast.training import tracking
+    from perfcast.training.train_steps import load_runs, train_step_predictor
+
+    out = output or Path("bundles") / f"steps-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+
+    def run() -> None:
+        frames = [load_runs(data, [s.strip() for s in sources.split(",") if s.strip()])] if data else []
+        frames += [read_table(path).assign(source="user", timing_scope="step") for path in runs]
+        if not frames:
+            raise SpecError("give --data (a folder of run sources) and/or --runs (run tables with measured_step_ms)")
+        table = pd.concat(frames, ignore_index=True)
+        if "measured_step_ms" not in table:
+            raise SpecError("the run tables have no measured_step_ms column: training needs measured steps, ms")
+        table = table[pd.to_numeric(table["measured_step_ms"], errors="coerce") > 0].reset_index(drop=True)
+        bundle = load_op_predictor(op_model)
+        if not hasattr(bundle, "op_model"):
+            raise SpecError(f"--op-model {op_model!r} is not a learned op bundle; steps are composed from one")
+        _err.print(f"{len(table)} measured runs: {table['source'].value_counts().to_dict()}")
+
+        def train() -> None:
+            result = train_step_predictor(table, bundle, output=out, model_type=model_type, evaluate=evaluate,
+                                          progress=lambda msg: _err.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+            if result.evaluation is not None:
+                _print_step_evaluation(result.evaluation)
+            _err.print(f"fit on {result.n_runs} runs ({result.n_invalid} invalid configs left out) in "
+                       f"{result.fit_seconds:.1f} s; bundle: {result.bundle_path}")  # fmt: skip
+            if track:
+                _log_model(result.bundle_path, register or None)
+
+        if track:
+            with tracking.tracked_run(experiment, run_name=out.name) as active:
+                train()
+                _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
+        else:
+            train()
+
+    try:
+        run()
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+
+
+def _print_step_evaluation(evaluation) -> None:  # type: ignore[no-untyped-def]
+    table = Table(title="held-out step evaluation (APE in %, coverage of the 90% interval)")
+    for col in ("split", "predictor", "n_test", "MAPE", "median APE", "p90 APE", "coverage", "Spearman"):
+        table.add_column(col)
+    for row in evaluation.to_dict("records"):
+        cov = row.get("coverage")
+        table.add_row(row["split"], row["predictor"], str(row["n_test"]), f"{row['mape']:.1f}",
+                      f"{row['median_ape']:.1f}", f"{row['p90_ape']:.1f}",
+                      f"{100 * cov:.0f}%" if cov is not None and cov == cov else "-",
+                      f"{row['spearman_mean']:.3f}")  # fmt: skip
+    Console().print(table)
 
 
 def _log_model(bundle: Path, register: str | None) -> None:

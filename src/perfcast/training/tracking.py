@@ -118,3 +118,11 @@ def log_bundle_dir(path: Path) -> None:
     import mlflow
 
     mlflow.log_artifacts(str(path), artifact_path="bundle")
+
+
+
+def log_table(table: pd.DataFrame, artifact_file: str) -> None:
+    """Log a table as a CSV artifact."""
+    import mlflow
+
+    mlflow.log_text(table.to_csv(index=False), artifact_file)

@@ -251,3 +251,152 @@ def fit_step_model(
     return model.fit(
         table.features[train], runs["measured_step_ms"].to_numpy(), groups=groups.to_numpy(), sample_weight=weights
     )
+
+
+# ----------------------------------------------------------------------------- training
+
+MODEL_TYPES = ("gbdt", "gnn")
+SPLITS: Mapping[str, Any] = {
+    "vtrain_small_to_large": split_vtrain_small_to_large,
+    "mlperf_small_to_large": split_mlperf_small_to_large,
+    "mlperf_old_to_new": split_mlperf_old_to_new,
+}
+"""The held-out splits every trained step model is evaluated on (train mask, test mask)."""
+
+
+def fit_step_estimator(table: StepTable, train: np.ndarray, model_type: str, **params: Any) -> Any:
+    """Fit a step model of ``model_type`` (``gbdt`` or ``gnn``) on the ``train`` rows of ``table``.
+
+    Raises:
+        SpecError: an unknown model type.
+    """
+    if model_type == "gbdt":
+        return fit_step_model(table, train, **params)
+    if model_type == "gnn":
+        from perfcast.models.gnn import StepGNNRegressor, step_graphs
+
+        rows = np.flatnonzero(train)
+        graphs = step_graphs([table.configs[i] for i in rows], [table.steps[i] for i in rows])
+        return StepGNNRegressor(**params).fit(graphs, table.runs["measured_step_ms"].to_numpy()[rows])
+    raise SpecError(f"model_type={model_type!r} unknown; allowed: {', '.join(MODEL_TYPES)}")
+
+
+def predict_rows(model: Any, table: StepTable, rows: np.ndarray, coverage: float = 0.9) -> tuple[np.ndarray, ...]:
+    """``(pred, lo, hi)`` in ms of a fitted step model on the ``rows`` (boolean mask) of ``table``."""
+    from perfcast.models.step_predictor import step_model_inputs
+
+    idx = np.flatnonzero(rows)
+    X = step_model_inputs(model, [table.configs[i] for i in idx], [table.steps[i] for i in idx])
+    interval = np.asarray(model.predict_interval(X, coverage=coverage), dtype=float)
+    return np.asarray(model.predict(X), dtype=float), interval[:, 0], interval[:, 1]
+
+
+def evaluate_splits(table: StepTable, model_type: str, *, progress: Any = None, **params: Any) -> pd.DataFrame:
+    """Composed and learned step metrics on every split of :data:`SPLITS` with rows on both sides.
+
+    Returns:
+        One row per (split, predictor): ``n_train, n_test`` and the metrics of
+        :func:`evaluate_steps`.
+    """
+    runs = table.runs
+    rows = []
+    for name, split in SPLITS.items():
+        train, test = split(runs)
+        if not train.any() or not test.any():
+            continue
+        if progress is not None:
+            progress(f"split {name}: fit {model_type} on {int(train.sum())} runs, test on {int(test.sum())}")
+        true = runs["measured_step_ms"].to_numpy()[test]
+        groups = runs["group"].to_numpy()[test]
+        composed = evaluate_steps(
+            runs["step_ms"].to_numpy()[test], true, groups, runs["step_lo_ms"].to_numpy()[test],
+            runs["step_hi_ms"].to_numpy()[test],
+        )  # fmt: skip
+        model = fit_step_estimator(table, train, model_type, **params)
+        pred, lo, hi = predict_rows(model, table, test)
+        learned = evaluate_steps(pred, true, groups, lo, hi)
+        for predictor, metrics in (("composed", composed), (model_type, learned)):
+            rows.append({"split": name, "predictor": predictor, "n_train": int(train.sum()),
+                         "n_test": int(test.sum()), **metrics})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+@dataclass
+class TrainStepsResult:
+    """What a step-training run produced."""
+
+    bundle_path: Path
+    n_runs: int
+    n_invalid: int
+    fit_seconds: float
+    evaluation: pd.DataFrame | None = None
+
+
+def train_step_predictor(
+    runs: pd.DataFrame,
+    op_bundle: Any,
+    *,
+    output: str | Path,
+    model_type: str = "gbdt",
+    evaluate: bool = True,
+    params: Mapping[str, Any] | None = None,
+    progress: Any = None,
+) -> TrainStepsResult:
+    """Compose measured runs with ``op_bundle``, evaluate on :data:`SPLITS`, fit on all runs, save.
+
+    The saved bundle holds ``op_bundle``'s op and collective models and the step model,
+    so its steps are composed exactly as in training. Every step is logged to the active
+    MLflow run, if there is one.
+
+    Raises:
+        SpecError: an unknown model type, or no valid measured run.
+    """
+    import time
+
+    from perfcast.models.bundle import save_bundle
+    from perfcast.training import tracking
+
+    if model_type not in MODEL_TYPES:
+        raise SpecError(f"model_type={model_type!r} unknown; allowed: {', '.join(MODEL_TYPES)}")
+    params = dict(params or {})
+    say = progress or (lambda msg: None)
+    composer = StepComposer(op_bundle, getattr(op_bundle, "collective_model", None))
+    say(f"composing {len(runs)} measured runs with {getattr(op_bundle, 'name', 'the op predictor')}")
+    table = build_step_table(runs, composer)
+    if not len(table.runs):
+        raise SpecError(f"none of the {len(runs)} runs is a valid config; first errors: {table.errors.head(3)}")
+    evaluation = evaluate_splits(table, model_type, progress=say, **params) if evaluate else None
+    say(f"fitting the {model_type} step model on all {len(table.runs)} runs")
+    start = time.perf_counter()
+    model = fit_step_estimator(table, np.ones(len(table.runs), dtype=bool), model_type, **params)
+    fit_seconds = time.perf_counter() - start
+    metrics = _split_metrics(evaluation) if evaluation is not None else {}
+    path = save_bundle(
+        output,
+        op_model=getattr(op_bundle, "op_model", None),
+        collective_model=getattr(op_bundle, "collective_model", None),
+        step_model=model,
+        metrics=metrics,
+        datasets=dict(getattr(op_bundle, "manifest", {}).get("datasets", {})),
+    )
+    if tracking.active():
+        sources = table.runs["source"].value_counts().to_dict()
+        tracking.log_params({"model_type": model_type, "n_runs": len(table.runs), "n_invalid": len(table.errors),
+                             **{f"runs.{k}": v for k, v in sources.items()}, **params})  # fmt: skip
+        tracking.log_metrics({**metrics, "fit_seconds": fit_seconds})
+        if evaluation is not None:
+            tracking.log_table(evaluation, "evaluation/steps.csv")
+        tracking.log_bundle_dir(path)
+    return TrainStepsResult(path, len(table.runs), len(table.errors), fit_seconds, evaluation)
+
+
+def _split_metrics(evaluation: pd.DataFrame) -> dict[str, float]:
+    """``<split>/<predictor>/<metric>`` for the headline metrics of an evaluation table."""
+    keys = ("mape", "median_ape", "p90_ape", "coverage", "rel_width", "spearman_mean")
+    out = {}
+    for row in evaluation.to_dict("records"):
+        for key in keys:
+            value = row.get(key)
+            if value is not None and np.isfinite(value):
+                out[f"{row['split']}/{row['predictor']}/{key}"] = float(value)
+    return out
