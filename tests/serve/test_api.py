@@ -36,7 +36,7 @@ def test_health_and_hardware(client: TestClient) -> None:
 
 def test_openapi_documents_every_endpoint(client: TestClient) -> None:
     paths = client.get("/openapi.json").json()["paths"]
-    assert {"/healthz", "/v1/hardware", "/v1/predict/ops", "/v1/predict/steps"} <= set(paths)
+    assert {"/healthz", "/v1/hardware", "/v1/predict/ops", "/v1/predict/steps", "/v1/search"} <= set(paths)
 
 
 def test_ops_batch_answers_good_rows_and_reports_bad_ones(client: TestClient) -> None:
@@ -120,3 +120,17 @@ def test_service_over_a_real_socket() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_search_ranks_layouts_and_names_bad_input() -> None:
+    client = TestClient(create_app(model="analytic"))
+    body = {"model": "gpt3-125m", "gpus": ["a100-sxm4-80gb"], "num_gpus": 4, "global_batch": 16, "top": 5}
+    response = client.post("/v1/search", json=body)
+    assert response.status_code == 200, response.text
+    result = response.json()
+    assert result["n_ranked"] == result["n_layouts"] - result["n_out_of_memory"] >= len(result["layouts"]) == 5
+    steps = [row["step_ms"] for row in result["layouts"]]
+    assert steps == sorted(steps) and result["layouts"][0]["rank"] == 1
+    unknown = client.post("/v1/search", json={**body, "gpus": ["nope"]})
+    assert unknown.status_code == 422 and "nope" in unknown.json()["detail"]
+    assert client.post("/v1/search", json={**body, "num_gpus": 0}).status_code == 422

@@ -6,6 +6,8 @@ Endpoints (the OpenAPI document is at ``/openapi.json``, the interactive one at 
   ``pred_lo_ms``, ``pred_hi_ms`` (DESIGN.md "Interfaces").
 * ``POST /v1/predict/steps``: a batch of run-table rows -> the rows with ``step_ms``,
   its interval, memory, MFU and tokens/s.
+* ``POST /v1/search``: the layouts of a model on a cluster, ranked by predicted step
+  time (or cost per step with a price per GPU-hour).
 * ``GET /v1/hardware``: the hardware catalog; ``GET /healthz``: liveness and the
   predictors in use.
 
@@ -23,9 +25,10 @@ from importlib.metadata import version
 from typing import Any
 
 import pandas as pd
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
+from perfcast.errors import PerfcastError
 from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
 from perfcast.serve.predictors import load_op_predictor, load_step_predictor
 
@@ -108,6 +111,32 @@ class StepsRequest(BaseModel):
     rows: list[RunRow] = Field(..., min_length=1, max_length=MAX_ROWS)
     coverage: float = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0)
     breakdown: bool = False
+
+
+class SearchRequest(BaseModel):
+    """A layout search: a model on ``num_gpus`` GPUs of each type in ``gpus``."""
+
+    model: str = Field(..., description="Preset id or a server-side config.json")
+    gpus: list[str] = Field(..., min_length=1, max_length=16, description="GPU types to compare")
+    num_gpus: int = Field(..., ge=1)
+    global_batch: int = Field(..., ge=1, description="Sequences per step")
+    seq_len: int | None = Field(None, ge=1)
+    gpus_per_node: int | None = Field(None, ge=1)
+    inter_node: str | None = None
+    dtype: str = "bf16"
+    price_per_gpu_hour: float | None = Field(None, gt=0, description="USD; ranks by cost per step")
+    coverage: float = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0)
+    top: int = Field(20, ge=1, le=10_000, description="Layouts returned, best first")
+
+
+class SearchResponse(BaseModel):
+    """The best layouts, and how many were enumerated and dropped for memory."""
+
+    predictor: str
+    n_layouts: int
+    n_out_of_memory: int
+    n_ranked: int
+    layouts: list[dict[str, Any]]
 
 
 class PredictionResponse(BaseModel):
@@ -195,6 +224,30 @@ def create_app(*, model: str | None = None) -> FastAPI:
             coverage=request.coverage,
             n_errors=int((out["error"] != "").sum()),
             rows=_records(request.rows, out),
+        )
+
+    @app.post("/v1/search")
+    def search(request: SearchRequest) -> SearchResponse:
+        """Rank the layouts that fit in memory by predicted step time (or cost with a price)."""
+        from perfcast.data.schema import DType
+        from perfcast.serve.search import search_layouts
+
+        try:
+            result = search_layouts(
+                request.model, request.gpus, request.num_gpus, request.global_batch, predictor=step_predictor,
+                gpus_per_node=request.gpus_per_node, inter_node=request.inter_node, seq_len=request.seq_len,
+                dtype=DType.parse(request.dtype), price_per_gpu_hour=request.price_per_gpu_hour,
+                coverage=request.coverage,
+            )  # fmt: skip
+        except PerfcastError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        top = result.ranked.head(request.top)
+        return SearchResponse(
+            predictor=step_predictor.name,
+            n_layouts=result.n_layouts,
+            n_out_of_memory=result.n_out_of_memory,
+            n_ranked=len(result.ranked),
+            layouts=[{k: _json_value(v) for k, v in row.items()} for row in top.to_dict("records")],
         )
 
     return app

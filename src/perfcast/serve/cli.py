@@ -24,6 +24,7 @@ from perfcast.serve.data_cmd import data_app
 from perfcast.serve.evaluate_cmd import evaluate_app
 from perfcast.serve.hardware_cmd import hardware_app
 from perfcast.serve.profile_cmd import profile_command
+from perfcast.serve.search_cmd import search_command
 from perfcast.serve.serve_cmd import serve_command
 from perfcast.serve.train_cmd import train_app
 
@@ -46,6 +47,7 @@ app.add_typer(train_app, name="train")
 app.command("calibrate")(calibrate_command)
 app.add_typer(evaluate_app, name="evaluate")
 app.command("serve")(serve_command)
+app.command("search")(search_command)
 
 _state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)

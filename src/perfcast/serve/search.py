@@ -1,0 +1,116 @@
+"""Layout search: every valid layout of a model on a cluster, ranked by predicted step time.
+
+:func:`search_layouts` enumerates the layouts (:mod:`perfcast.features.layouts`) of a
+model on one or more GPU types, drops those that do not fit in memory (the memory model
+of :mod:`perfcast.features.memory`), predicts the step time of the rest with a step
+predictor (one batch: every distinct op is predicted once) and ranks them. With a price
+per GPU-hour the ranking is by cost per step, which compares GPU types; without one it is
+by step time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from perfcast.data.schema import DType
+from perfcast.errors import SpecError
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.layouts import LayoutSpace, enumerate_layouts
+from perfcast.features.memory import peak_memory
+from perfcast.features.model import ModelSpec
+from perfcast.features.parallel import Finetune
+from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, StepPredictorLike, predict_steps_table
+
+_LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
+                  "zero_stage", "recompute", "finetune", "lora_rank", "dtype")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Ranked layouts (best first) and how many were enumerated and dropped for memory."""
+
+    ranked: pd.DataFrame
+    n_layouts: int
+    n_out_of_memory: int
+
+
+def search_layouts(
+    model: str,
+    gpus: Sequence[str],
+    num_gpus: int,
+    global_batch: int,
+    *,
+    predictor: StepPredictorLike,
+    gpus_per_node: int | None = None,
+    inter_node: str | None = None,
+    seq_len: int | None = None,
+    dtype: DType = DType.BF16,
+    finetune: Finetune = Finetune.FULL,
+    lora_rank: int = 0,
+    space: LayoutSpace | None = None,
+    price_per_gpu_hour: float | None = None,
+    coverage: float = DEFAULT_COVERAGE,
+    progress: ProgressFn | None = None,
+) -> SearchResult:
+    """Rank every layout of ``model`` on ``num_gpus`` GPUs of each type in ``gpus``.
+
+    Args:
+        model: a preset id or a Hugging Face ``config.json`` path.
+        gpus: GPU types (catalog ids or device names) to compare.
+        num_gpus, global_batch: cluster size and sequences per step.
+        predictor: the step predictor.
+        gpus_per_node, inter_node: cluster shape (defaults from the catalog).
+        seq_len: training sequence length (default: the model's).
+        price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
+        progress: called with the number of configs predicted.
+
+    Returns:
+        Layouts that fit, best first, as run-table rows with ``step_ms``, its interval,
+        ``peak_mem_gib``, ``mfu``, ``tokens_per_s`` (and ``usd_per_step``,
+        ``usd_per_million_tokens`` with a price), plus ``rank``.
+
+    Raises:
+        SpecError: an unknown model or GPU, a bad count, a non-positive price, or no
+            layout that fits in memory.
+    """
+    if not gpus:
+        raise SpecError("gpus is empty; give at least one GPU type (see `perfcast hardware list`)")
+    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
+        raise SpecError(f"price_per_gpu_hour={price_per_gpu_hour} must be > 0 (USD per GPU-hour)")
+    spec = ModelSpec.load(model)
+    if seq_len is not None:
+        spec = spec.model_copy(update={"seq_len": seq_len})
+    rows, n_layouts, n_oom = [], 0, 0
+    for gpu in gpus:
+        cluster = ClusterSpec.build(gpu, num_gpus, gpus_per_node, inter_node)
+        for layout in enumerate_layouts(spec, cluster, global_batch, space=space, dtype=dtype, finetune=finetune,
+                                        lora_rank=lora_rank):  # fmt: skip
+            n_layouts += 1
+            if not peak_memory(spec, layout, cluster).fits(cluster.gpu.mem_gib):
+                n_oom += 1
+                continue
+            fields = {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
+            fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
+            rows.append({"model": model, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
+                         "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
+                         "inter_node": cluster.inter_node_fabric})  # fmt: skip
+    if not rows:
+        raise SpecError(
+            f"none of the {n_layouts} layouts of {model} on {num_gpus} x {', '.join(gpus)} fits in memory "
+            "(at most 90% of each GPU's memory); try more GPUs, a smaller global batch or full recompute"
+        )
+    table = pd.DataFrame(rows)
+    pred = predict_steps_table(table, predictor=predictor, coverage=coverage, progress=progress)
+    pred = pred[pred["error"] == ""].drop(columns="error")
+    key = "step_ms"
+    if price_per_gpu_hour is not None:
+        pred["usd_per_step"] = pred["step_ms"] / 3.6e6 * num_gpus * price_per_gpu_hour
+        pred["usd_per_million_tokens"] = pred["usd_per_step"] / (pred["tokens_per_s"] * pred["step_ms"] / 1e3) * 1e6
+        key = "usd_per_step"
+    ranked = pred.sort_values([key, "peak_mem_gib"], kind="stable").reset_index(drop=True)
+    ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
+    return SearchResult(ranked=ranked, n_layouts=n_layouts, n_out_of_memory=n_oom)

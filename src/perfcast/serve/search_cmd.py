@@ -1,0 +1,71 @@
+"""``perfcast search``: rank the layouts of a model on a cluster by predicted step time (or cost)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from perfcast.errors import PerfcastError
+
+EXIT_USER_ERROR = 2
+_err = Console(stderr=True, soft_wrap=True)
+_SHOWN = ("rank", "gpu", "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "zero_stage", "step_ms",
+          "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "tokens_per_s", "usd_per_million_tokens")  # fmt: skip
+
+
+def search_command(
+    model: str = typer.Argument(..., help="Model preset id (`perfcast models list`) or a Hugging Face config.json."),
+    gpu: list[str] = typer.Option(..., "--gpu", help="GPU type to consider (repeatable: compares types)."),
+    num_gpus: int = typer.Option(..., "--num-gpus", min=1, help="GPUs in the cluster."),
+    global_batch: int = typer.Option(..., "--global-batch", min=1, help="Sequences per training step."),
+    seq_len: int | None = typer.Option(None, "--seq-len", min=1, help="Sequence length (default: the model's)."),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="Default: the GPU's usual node."),
+    inter_node: str | None = typer.Option(None, "--inter-node", help="Fabric between nodes (catalog id)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="fp32, tf32, fp16, bf16 or fp8."),
+    price: float | None = typer.Option(None, "--price", help="USD per GPU-hour: rank by cost per step."),
+    predictor: str | None = typer.Option(
+        None, "--predictor", help="Step predictor: 'analytic', 'composed', a bundle or an MLflow URI (default shipped)."
+    ),
+    top: int = typer.Option(10, "--top", min=0, help="Layouts to print."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write every ranked layout (.csv/.parquet)."),
+) -> None:
+    """Enumerate valid layouts, drop those that do not fit in memory, rank the rest by predicted step time."""
+    from perfcast.data.schema import DType
+    from perfcast.data.tables import write_table
+    from perfcast.serve.predictors import load_step_predictor
+    from perfcast.serve.search import search_layouts
+
+    try:
+        step_predictor = load_step_predictor(predictor)
+        with Progress(console=_err, transient=True) as bar:
+            task = bar.add_task("predicting layouts", total=None)
+            result = search_layouts(
+                model, gpu, num_gpus, global_batch, predictor=step_predictor, gpus_per_node=gpus_per_node,
+                inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), price_per_gpu_hour=price,
+                progress=lambda n: bar.advance(task, n),
+            )  # fmt: skip
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
+    ranked = result.ranked
+    if output is not None:
+        write_table(ranked, output)
+    written = f"; all written to {output}" if output else ""
+    _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
+               f"{len(ranked)} ranked with {step_predictor.name}{written}")  # fmt: skip
+    if top:
+        columns = [c for c in _SHOWN if c in ranked.columns]
+        table = Table(*columns, title=f"best layouts of {model} on {num_gpus} GPUs, global batch {global_batch}")
+        for row in ranked.head(top).to_dict("records"):
+            table.add_row(*[_cell(row[c]) for c in columns])
+        Console(width=200).print(table)
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if value == value else ""
+    return str(value)

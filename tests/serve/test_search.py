@@ -1,0 +1,60 @@
+"""Layout search: enumerate, drop what does not fit, rank by predicted step time or cost."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from perfcast.errors import SpecError
+from perfcast.features.layouts import LayoutSpace
+from perfcast.features.parallel import Recompute
+from perfcast.models.step_predictor import StepPredictor
+from perfcast.serve.cli import app
+from perfcast.serve.search import search_layouts
+
+SMALL = LayoutSpace(micro_batches=(1, 4), cp=(1,), vpp=(1, 2), recompute=(Recompute.NONE, Recompute.FULL))
+
+
+@pytest.fixture(scope="module")
+def result():
+    return search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=StepPredictor.analytic(), space=SMALL)
+
+
+def test_ranked_best_first_and_all_fit(result) -> None:
+    ranked = result.ranked
+    assert len(ranked) == result.n_layouts - result.n_out_of_memory > 0
+    assert ranked["step_ms"].is_monotonic_increasing
+    assert ranked["rank"].tolist() == list(range(1, len(ranked) + 1))
+    assert ranked["fits_memory"].all()
+    assert (ranked["tp"] * ranked["pp"] * ranked["dp"] * ranked["cp"] == 8).all()
+
+
+def test_price_ranks_gpu_types_by_cost() -> None:
+    out = search_layouts("gpt3-350m", ["a100-sxm4-80gb", "h100-sxm5-80gb"], 8, 32, predictor=StepPredictor.analytic(),
+                         space=SMALL, price_per_gpu_hour=2.0).ranked  # fmt: skip
+    assert set(out["gpu"]) == {"a100-sxm4-80gb", "h100-sxm5-80gb"}
+    assert out["usd_per_step"].is_monotonic_increasing
+    expected = out["step_ms"] / 3.6e6 * 8 * 2.0
+    pd.testing.assert_series_equal(out["usd_per_step"], expected, check_names=False)
+
+
+def test_nothing_fits_and_bad_input_are_named() -> None:
+    with pytest.raises(SpecError, match="fits in memory"):
+        search_layouts("gpt3-175b", ["t4"], 1, 1, predictor=StepPredictor.analytic())
+    with pytest.raises(SpecError, match="nope"):
+        search_layouts("gpt3-350m", ["nope"], 8, 32, predictor=StepPredictor.analytic())
+    with pytest.raises(SpecError, match="price_per_gpu_hour"):
+        search_layouts("gpt3-350m", ["t4"], 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=0)
+
+
+def test_cli_prints_the_best_and_writes_all(tmp_path) -> None:
+    out = tmp_path / "all.csv"
+    args = ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--num-gpus", "4", "--global-batch", "16",
+            "--predictor", "analytic", "--top", "3", "-o", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    written = pd.read_csv(out)
+    assert written["rank"].iloc[0] == 1 and "layouts" in result.output
+    bad = CliRunner().invoke(app, ["search", "gpt3-125m", "--gpu", "nope", "--num-gpus", "4", "--global-batch", "16"])
+    assert bad.exit_code == 2 and "nope" in bad.output
