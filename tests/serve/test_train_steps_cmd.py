@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,3 +85,42 @@ def test_tracked_run_registers_a_pyfunc_that_answers_run_tables(runs_csv: Path, 
     expected = predict_steps_table(runs, predictor=load_step_predictor(str(tmp_path / "bundle")))
     np.testing.assert_allclose(answered["step_ms"], expected["step_ms"])
     assert (answered["error"] == "").all()
+    _serve_and_query(uri, "models:/steps-test/1", runs, expected["step_ms"].to_numpy())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve_and_query(tracking_uri: str, model_uri: str, runs: pd.DataFrame, expected: np.ndarray) -> None:
+    """``mlflow models serve`` the registered model on a real socket and post a run table to it."""
+    import httpx
+
+    port = _free_port()
+    bin_dir = str(Path(sys.executable).parent)  # mlflow execs `uvicorn` from PATH
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri, "--env-manager", "local",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]  # fmt: skip
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            try:
+                if httpx.get(f"{url}/ping", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "mlflow models serve did not start in 180 s"
+            time.sleep(1)
+        payload = {"dataframe_records": runs.to_dict("records")}
+        response = httpx.post(f"{url}/invocations", json=payload, timeout=120)
+        assert response.status_code == 200, response.text
+        answered = pd.DataFrame(response.json()["predictions"])
+        np.testing.assert_allclose(answered["step_ms"], expected, rtol=1e-9)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
