@@ -376,7 +376,7 @@ def train_step_predictor(
         op_model=getattr(op_bundle, "op_model", None),
         collective_model=getattr(op_bundle, "collective_model", None),
         step_model=model,
-        metrics=metrics,
+        metrics={**dict(getattr(op_bundle, "metrics", {}) or {}), **metrics},
         datasets=dict(getattr(op_bundle, "manifest", {}).get("datasets", {})),
     )
     if tracking.active():
