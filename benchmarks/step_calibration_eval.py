@@ -1,0 +1,127 @@
+"""Few-shot step calibration: error against k measured runs of a held-out cluster.
+
+The use case: a user measures one to five training steps on their own cluster (a GPU
+type and size nobody trained on), ``perfcast calibrate steps`` fits a per-cluster
+correction (:mod:`perfcast.models.step_calibration`), and later configs on that cluster
+are predicted with it. Here a held-out cluster is a (source, GPU, GPU count) group of the
+test side of each small-to-large split (vTrain: the 8-GPU A100 runs; MLPerf: each system
+of more than 1,024 GPUs). For each cluster and seed, ``k`` runs are drawn at random, the
+correction is fitted on them, and the other runs of the cluster are scored. Predictors:
+the composed step (default op bundle) and the step GBDT trained on the split's training
+side. Reported: median over clusters of the mean over seeds of MAPE and of interval
+coverage.
+
+Writes ``benchmarks/results/step_calibration_eval.json`` and ``.md``.
+
+Usage: .venv/bin/python benchmarks/step_calibration_eval.py [--data DIR] [--seeds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfcast.models.bundle import load_bundle
+from perfcast.models.composer import StepComposer
+from perfcast.models.step_calibration import fit_step_correction
+from perfcast.training.metrics import interval_coverage, mape
+from perfcast.training.train_steps import (
+    build_step_table,
+    fit_step_model,
+    load_runs,
+    predict_rows,
+    split_mlperf_small_to_large,
+    split_vtrain_small_to_large,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_DATA = ROOT.parent / "shared" / "data"
+DEFAULT_BUNDLE = ROOT / "src" / "perfcast" / "models" / "default_bundle"
+OUT = ROOT / "benchmarks" / "results"
+KS = (0, 1, 2, 3, 5)
+SPLITS = {"vtrain_small_to_large": split_vtrain_small_to_large, "mlperf_small_to_large": split_mlperf_small_to_large}
+
+
+def few_shot(pred: np.ndarray, lo: np.ndarray, hi: np.ndarray, true: np.ndarray, k: int, seeds: int) -> dict:
+    """Mean over seeds of MAPE and coverage on the runs not used to calibrate."""
+    if k >= len(true):
+        return {"mape": float("nan"), "coverage": float("nan")}
+    errors, covered = [], []
+    for seed in range(seeds if k else 1):
+        rng = np.random.default_rng(seed)
+        shots = rng.choice(len(true), size=k, replace=False) if k else np.array([], dtype=int)
+        rest = np.setdiff1d(np.arange(len(true)), shots)
+        factor = fit_step_correction("c", true[shots], pred[shots]).factor if k else 1.0
+        errors.append(mape(pred[rest] * factor, true[rest]))
+        covered.append(interval_coverage(lo[rest] * factor, hi[rest] * factor, true[rest]))
+    return {"mape": float(np.mean(errors)), "coverage": float(np.mean(covered))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--seeds", type=int, default=20)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    warnings.simplefilter("ignore")
+    bundle = load_bundle(DEFAULT_BUNDLE)
+    table = build_step_table(load_runs(args.data), StepComposer(bundle, bundle.collective_model))
+    runs = table.runs
+    cluster = runs["source"] + ":" + runs["gpu"].astype(str) + "x" + runs["num_gpus"].astype(str)
+    rows = []
+    for split, fn in SPLITS.items():
+        train, test = fn(runs)
+        model = fit_step_model(table, train)
+        learned = predict_rows(model, table, test)
+        composed = tuple(runs[c].to_numpy()[test] for c in ("step_ms", "step_lo_ms", "step_hi_ms"))
+        true = runs["measured_step_ms"].to_numpy()[test]
+        for name in sorted(set(cluster[test])):
+            members = (cluster[test] == name).to_numpy()
+            for predictor, (pred, lo, hi) in (("composed", composed), ("gbdt", learned)):
+                for k in KS:
+                    score = few_shot(pred[members], lo[members], hi[members], true[members], k, args.seeds)
+                    rows.append({"split": split, "cluster": name, "n_runs": int(members.sum()),
+                                 "predictor": predictor, "k": k, **score})  # fmt: skip
+    frame = pd.DataFrame(rows)
+    summary = frame.groupby(["split", "predictor", "k"])[["mape", "coverage"]].median().reset_index()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "step_calibration_eval.json").write_text(
+        json.dumps({"per_cluster": rows, "summary": summary.to_dict("records")}, indent=1) + "\n"
+    )
+    (OUT / "step_calibration_eval.md").write_text(to_markdown(summary, frame))
+    print(to_markdown(summary, frame))
+
+
+def to_markdown(summary: pd.DataFrame, frame: pd.DataFrame) -> str:
+    """Median MAPE (and coverage) over held-out clusters against k."""
+    lines = [
+        "# Few-shot step calibration on held-out clusters",
+        "",
+        "Command: `.venv/bin/python benchmarks/step_calibration_eval.py`. A cluster is a (source, GPU, GPU count) "
+        "group on the test side of a small-to-large split; k runs of it calibrate, the others are scored "
+        "(mean over 20 random draws). Cells: median over clusters of MAPE % (coverage of the 90% interval).",
+        "",
+        "| split | clusters | predictor | " + " | ".join(f"k={k}" for k in KS) + " |",
+        "|---|---:|---|" + "---:|" * len(KS),
+    ]
+    for (split, predictor), part in summary.groupby(["split", "predictor"], sort=False):
+        n = frame[(frame["split"] == split) & (frame["predictor"] == predictor)]["cluster"].nunique()
+        cells = []
+        for k in KS:
+            row = part[part["k"] == k]
+            if row.empty or not np.isfinite(row["mape"].iloc[0]):
+                cells.append("-")
+            else:
+                cells.append(f"{row['mape'].iloc[0]:.1f} ({100 * row['coverage'].iloc[0]:.0f}%)")
+        lines.append(f"| {split} | {n} | {predictor} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
