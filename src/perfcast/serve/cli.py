@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
-from perfcast.errors import PerfcastError
+from perfcast.errors import PerfcastError, SpecError
 from perfcast.serve.calibrate_cmd import calibrate_command
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.evaluate_cmd import evaluate_app
@@ -191,27 +191,31 @@ def predict_steps(
     calibration: bool = typer.Option(
         True, "--calibration/--no-calibration", help="Apply stored per-cluster corrections (perfcast calibrate steps)."
     ),
+    dask: str | None = typer.Option(None, "--dask", help="Predict on Dask: 'local' (a LocalCluster) or an address."),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict step time (with an interval), peak memory, MFU and tokens/s of every config in a run table."""
-    from perfcast.models.step_calibration import CalibratedStepPredictor, load_step_corrections
     from perfcast.serve.batch import predict_steps_table
-    from perfcast.serve.calibrate_steps_cmd import step_calibration_dir
-    from perfcast.serve.predictors import load_step_predictor
+    from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
-        runs = read_table(_input(input_path, "runs.csv"))
-        predictor = load_step_predictor(model)
-        corrections = load_step_corrections(step_calibration_dir()) if calibration else {}
-        if corrections:
-            where = step_calibration_dir()
-            _err.print(f"[dim]applying step calibrations of {', '.join(sorted(corrections))} ({where})[/dim]")
-            predictor = CalibratedStepPredictor(predictor, corrections)
-        result = predict_steps_table(runs, predictor=predictor, coverage=coverage, breakdown=breakdown)
+        path = _input(input_path, "runs.csv")
+        if dask:
+            if breakdown:
+                raise SpecError("--breakdown is not available with --dask; predict without --dask for the parts")
+            from perfcast.serve.dask_predict import predict_table_dask
+
+            result = predict_table_dask(path, "steps", address=dask, ref=model, coverage=coverage,
+                                        calibration=calibration)  # fmt: skip
+            name = f"{model or 'default'} on dask"
+        else:
+            predictor = load_calibrated_predictor("steps", model, calibration)
+            result = predict_steps_table(read_table(path), predictor=predictor, coverage=coverage, breakdown=breakdown)
+            name = predictor.name
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            _show(result, STEP_COLUMNS, f"step predictions ({predictor.name})", show)
+            _show(result, STEP_COLUMNS, f"step predictions ({name})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)
@@ -230,26 +234,29 @@ def predict_ops(
     calibration: bool = typer.Option(
         True, "--calibration/--no-calibration", help="Apply stored per-GPU corrections (perfcast calibrate)."
     ),
+    dask: str | None = typer.Option(None, "--dask", help="Predict on Dask: 'local' (a LocalCluster) or an address."),
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict the time of every op in an op table, with an interval."""
-    from perfcast.models.calibration import CalibratedPredictor, load_corrections
     from perfcast.serve.batch import predict_ops_table
-    from perfcast.serve.calibrate_cmd import calibration_dir
-    from perfcast.serve.predictors import load_op_predictor
+    from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
-        ops = read_table(_input(input_path, "ops.csv"))
-        predictor = load_op_predictor(model)
-        corrections = load_corrections(calibration_dir()) if calibration else {}
-        if corrections:
-            _err.print(f"[dim]applying calibrations of {', '.join(sorted(corrections))} ({calibration_dir()})[/dim]")
-            predictor = CalibratedPredictor(predictor, corrections)
-        result = predict_ops_table(ops, predictor=predictor, coverage=coverage)
+        path = _input(input_path, "ops.csv")
+        if dask:
+            from perfcast.serve.dask_predict import predict_table_dask
+
+            result = predict_table_dask(path, "ops", address=dask, ref=model, coverage=coverage,
+                                        calibration=calibration)  # fmt: skip
+            name = f"{model or 'default'} on dask"
+        else:
+            predictor = load_calibrated_predictor("ops", model, calibration)
+            result = predict_ops_table(read_table(path), predictor=predictor, coverage=coverage)
+            name = predictor.name
         write_table(result, output)
         n_bad = int((result[ERROR_COLUMN] != "").sum())
         if show:
-            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({predictor.name})", show)
+            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({name})", show)
         _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)

@@ -92,3 +92,20 @@ def load_step_predictor(ref: str | None = None) -> Any:
     if isinstance(predictor, AnalyticOpPredictor):  # no default bundle shipped
         return StepPredictor.analytic()
     return predictor.step_predictor()
+
+
+def load_calibrated_predictor(kind: str, ref: str | None, calibration: bool = True) -> Any:
+    """The ``steps`` or ``ops`` predictor of ``ref``, with the stored calibrations applied when asked."""
+    from perfcast.serve.calibrate_cmd import calibration_dir
+
+    if kind == "steps":
+        from perfcast.models.step_calibration import CalibratedStepPredictor, load_step_corrections
+
+        steps = load_step_predictor(ref)
+        corrections = load_step_corrections(calibration_dir() / "steps") if calibration else {}
+        return CalibratedStepPredictor(steps, corrections) if corrections else steps
+    from perfcast.models.calibration import CalibratedPredictor, load_corrections
+
+    ops = load_op_predictor(ref)
+    op_corrections = load_corrections(calibration_dir()) if calibration else {}
+    return CalibratedPredictor(ops, op_corrections) if op_corrections else ops
