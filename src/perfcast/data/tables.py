@@ -112,7 +112,7 @@ SUPPORTED_SUFFIXES: tuple[str, ...] = _CSV_SUFFIXES + _PARQUET_SUFFIXES
 """File name endings :func:`read_table` and :func:`write_table` accept (case-insensitive)."""
 
 
-def _table_format(path: Path) -> str:
+def table_format(path: Path) -> str:
     """Return ``"csv"`` or ``"parquet"`` from the file name, or raise DatasetError."""
     name = path.name.lower()
     if name.endswith(_CSV_SUFFIXES):
@@ -137,7 +137,7 @@ def read_table(path: str | Path) -> pd.DataFrame:
             (the message names the path and the parser's reason).
     """
     path = Path(path)
-    fmt = _table_format(path)
+    fmt = table_format(path)
     if not path.exists():
         raise DatasetError(f"no such file: {path}")
     if not path.is_file():
@@ -169,7 +169,7 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
         DatasetError: unsupported suffix, or the write failed (naming the path and reason).
     """
     path = Path(path)
-    fmt = _table_format(path)
+    fmt = table_format(path)
     suffix = ".csv.gz" if path.name.lower().endswith(".csv.gz") else path.suffix
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

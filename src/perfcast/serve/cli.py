@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfcast.data.tables import ERROR_COLUMN, read_table, write_table
+from perfcast.data.tables import ERROR_COLUMN, write_table
 from perfcast.errors import PerfcastError, SpecError
 from perfcast.serve.calibrate_cmd import calibrate_command
 from perfcast.serve.data_cmd import data_app
@@ -195,7 +195,6 @@ def predict_steps(
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict step time (with an interval), peak memory, MFU and tokens/s of every config in a run table."""
-    from perfcast.serve.batch import predict_steps_table
     from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
@@ -207,16 +206,15 @@ def predict_steps(
 
             result = predict_table_dask(path, "steps", address=dask, ref=model, coverage=coverage,
                                         calibration=calibration)  # fmt: skip
-            name = f"{model or 'default'} on dask"
+            write_table(result, output)
+            rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
         else:
             predictor = load_calibrated_predictor("steps", model, calibration)
-            result = predict_steps_table(read_table(path), predictor=predictor, coverage=coverage, breakdown=breakdown)
-            name = predictor.name
-        write_table(result, output)
-        n_bad = int((result[ERROR_COLUMN] != "").sum())
+            done = _stream(path, output, "steps", predictor, coverage=coverage, breakdown=breakdown)
+            rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
         if show:
-            _show(result, STEP_COLUMNS, f"step predictions ({name})", show)
-        _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+            _show(preview, STEP_COLUMNS, f"step predictions ({name})", show)
+        _err.print(f"wrote {rows} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)
 
@@ -238,7 +236,6 @@ def predict_ops(
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict the time of every op in an op table, with an interval."""
-    from perfcast.serve.batch import predict_ops_table
     from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
@@ -248,18 +245,30 @@ def predict_ops(
 
             result = predict_table_dask(path, "ops", address=dask, ref=model, coverage=coverage,
                                         calibration=calibration)  # fmt: skip
-            name = f"{model or 'default'} on dask"
+            write_table(result, output)
+            rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
         else:
             predictor = load_calibrated_predictor("ops", model, calibration)
-            result = predict_ops_table(read_table(path), predictor=predictor, coverage=coverage)
-            name = predictor.name
-        write_table(result, output)
-        n_bad = int((result[ERROR_COLUMN] != "").sum())
+            done = _stream(path, output, "ops", predictor, coverage=coverage)
+            rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
         if show:
-            _show(result, OP_COLUMNS_SHOWN, f"op predictions ({name})", show)
-        _err.print(f"wrote {len(result)} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+            _show(preview, OP_COLUMNS_SHOWN, f"op predictions ({name})", show)
+        _err.print(f"wrote {rows} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
     _run_guarded(run)
+
+
+def _stream(path: Path, output: Path, kind: str, predictor: object, **options: object):  # type: ignore[no-untyped-def]
+    """Predict ``path`` into ``output`` chunk by chunk, with a progress bar on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from perfcast.data.table_stream import count_rows
+    from perfcast.serve.stream_predict import stream_predict
+
+    columns = (TextColumn(f"predicting {kind}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=_err, transient=True) as bar:
+        task = bar.add_task(kind, total=count_rows(path))
+        return stream_predict(path, output, kind, predictor, progress=lambda n: bar.advance(task, n), **options)
 
 
 @models_app.command("list")
