@@ -43,10 +43,11 @@ def runs_csv(tmp_path_factory) -> Path:
     return path
 
 
-def test_trained_bundle_predicts_steps_closer_than_composition(runs_csv: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model_type", ["gbdt", "gnn"])
+def test_trained_bundle_predicts_steps_closer_than_composition(runs_csv: Path, tmp_path: Path, model_type: str) -> None:
     out = tmp_path / "bundle"
     result = runner.invoke(app, ["train", "steps", "--runs", str(runs_csv), "-o", str(out), "--no-track",
-                                 "--no-evaluate"])  # fmt: skip
+                                 "--no-evaluate", "--model-type", model_type])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert load_bundle(out).step_model is not None
     runs = pd.read_csv(runs_csv)
