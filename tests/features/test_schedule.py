@@ -137,3 +137,58 @@ def test_breakdown_defaults():
         "dp_sync_ms": 0.5,
         "optimizer_ms": 0.5,
     }
+
+
+def _kernels_per_microbatch(g: WorkloadGraph) -> float:
+    mult = g.nodes["scope"].map(g.scope_multiplicity()).to_numpy(dtype=float)
+    per_mb = (g.nodes["scope"] != "step").to_numpy()
+    return float((g.nodes["repeat"].to_numpy() * mult)[per_mb].sum())
+
+
+def test_host_floor_binds_only_when_kernels_are_shorter_than_their_dispatch():
+    g, _ = _setup(global_batch=4)
+    tiny = np.full(len(g.nodes), 1e-4)
+    floor = compose_step(g, tiny, host_ms_per_kernel=0.05)
+    m = g.num_microbatches
+    per_mb = _kernels_per_microbatch(g) * 0.05
+    step_nodes = (g.nodes["scope"] == "step").to_numpy()
+    assert floor.step_ms == pytest.approx(m * per_mb + tiny[step_nodes].sum(), rel=1e-9)
+    assert floor.host_stall_ms == pytest.approx(m * per_mb - compose_step(g, tiny, host_ms_per_kernel=0).compute_ms)
+    slow = np.full(len(g.nodes), 1.0)
+    assert compose_step(g, slow, host_ms_per_kernel=0.05).step_ms == compose_step(g, slow, host_ms_per_kernel=0).step_ms
+
+
+def _pp_times(g: WorkloadGraph, xfer_ms: float) -> np.ndarray:
+    times = np.where(g.nodes["scope"] == "layer", 1.0, 0.0)
+    times[(g.nodes["group"] == "pp").to_numpy()] = xfer_ms
+    return times
+
+
+def test_plain_1f1b_transfers_are_on_the_critical_path():
+    g, _ = _setup(pp=4, global_batch=8)
+    base = compose_step(g, _pp_times(g, 0.0), host_ms_per_kernel=0)
+    step = compose_step(g, _pp_times(g, 0.5), host_ms_per_kernel=0)
+    m = g.num_microbatches
+    assert step.comm_ms["pp"] == pytest.approx(m * 2 * 0.5)  # one forward and one backward transfer per microbatch
+    assert step.step_ms == pytest.approx(base.step_ms + (m + 3) * 2 * 0.5)
+
+
+@pytest.mark.parametrize("vpp", [2, 4])
+def test_interleaved_transfers_hide_in_steady_state_and_add_fill_and_drain(vpp):
+    g, _ = _setup(GPT.model_copy(update={"num_layers": 16}), pp=4, vpp=vpp, global_batch=8)
+    base = compose_step(g, _pp_times(g, 0.0), host_ms_per_kernel=0)
+    step = compose_step(g, _pp_times(g, 0.5), host_ms_per_kernel=0)
+    assert step.comm_ms["pp"] == 0.0
+    assert step.bubble_ms == pytest.approx(base.bubble_ms + (4 - 1) * (0.5 + 0.5))
+    assert step.step_ms == pytest.approx(base.step_ms + 3 * 1.0)
+    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    assert parts == pytest.approx(step.step_ms)
+
+
+def test_interleaved_transfers_longer_than_the_stage_compute_are_exposed():
+    g, _ = _setup(pp=2, vpp=2, global_batch=4)
+    _, stage = _layer_only_times(g)
+    xfer = stage  # vpp forward + vpp backward transfers per microbatch: 4 * stage
+    step = compose_step(g, _pp_times(g, xfer), host_ms_per_kernel=0)
+    m = g.num_microbatches
+    assert step.comm_ms["pp"] == pytest.approx(m * (4 * xfer - stage))
