@@ -7,8 +7,10 @@ per held-out GPU and class, MAPE, median and p90 APE of the model and of the two
 baselines, the coverage and relative width of the 90% interval, the medians over GPUs,
 and the time to fit on all rows (median of ``--repeats``).
 
-It also writes the few-shot curve: the held-out GPU's MAPE after a correction fitted on
-k = 5, 20, 100 of its measured ops.
+It also writes the few-shot curve: the held-out GPU's MAPE on its other ops after a
+correction (:func:`perfcast.models.calibration.fit_correction`: shrunk shift plus the
+shape-dependent residual model) fitted on k = 5, 20, 100 of its measured ops, picked spread
+over the shapes as ``perfcast calibrate`` sweeps them.
 
 Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
 """
@@ -75,7 +77,7 @@ def main() -> None:
         fit_s.append(time.perf_counter() - start)
 
     summary = logo.summary().reset_index()
-    few = few_shot_curve(logo.predictions)
+    few = few_shot_curve(logo.predictions, records)
     few_median = few.groupby(["eval_class", "k"])["mape"].median().unstack("k")
     result = {
         "sources": args.sources.split(","),
@@ -94,7 +96,8 @@ def main() -> None:
         f"# Op predictor, leave-one-GPU-out ({', '.join(result['sources'])}; {len(records)} rows)\n\n"
         f"Command: `.venv/bin/python benchmarks/op_logo.py --sources {args.sources} --name {args.name}`\n\n"
         + markdown_table(logo)
-        + "\n\nFew-shot correction (median MAPE over held-out GPUs, k measured ops of the held-out GPU):\n\n"
+        + "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops; k measured ops of the "
+        "held-out GPU spread over the shapes; shift plus Gaussian-process residual, `models/calibration.py`):\n\n"
         + _markdown(few_median)
         + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
     )

@@ -66,3 +66,24 @@ def test_bad_inputs() -> None:
         GpuCorrection.from_json('{"gpu": "t4"}')
     assert MIN_OPS_FOR_SPREAD > 5
     assert load_corrections("/nonexistent/perfcast") == {}
+
+
+def _gemms(dims: np.ndarray, gpu: str = "t4") -> pd.DataFrame:
+    return pd.DataFrame({"op": "matmul", "m": dims[:, 0], "n": dims[:, 1], "k": dims[:, 2], "gpu": gpu})
+
+
+def test_residual_model_corrects_a_shape_dependent_error_and_round_trips() -> None:
+    rng = np.random.default_rng(0)
+    law = lambda ops: np.where(ops["m"] >= 512, 0.4, -0.3)  # noqa: E731  log(measured/predicted) by shape
+    train = _gemms(np.exp(rng.uniform(np.log(16), np.log(8192), size=(40, 3))).astype(int))
+    corr = fit_correction("t4", train, np.exp(law(train)), np.ones(len(train)))
+    assert set(corr.residual) == {"gemm"} and len(corr.residual["gemm"]["alpha"]) == 40
+    query = _gemms(np.exp(rng.uniform(np.log(16), np.log(8192), size=(200, 3))).astype(int))
+    with_shape = np.abs(corr.log_factors(query) - law(query)).mean()
+    shift_only = np.abs(corr.shifts["gemm"] - law(query)).mean()
+    assert with_shape < 0.6 * shift_only
+    assert GpuCorrection.from_json(corr.to_json()).log_factors(query) == pytest.approx(corr.log_factors(query))
+
+    far = _gemms(np.array([[1, 1, 1]]))  # no measured op nearby: the shift alone
+    assert corr.log_factors(far)[0] == pytest.approx(corr.shifts["gemm"], abs=1e-3)
+    assert corr.log_factors(pd.DataFrame({"op": ["add"], "rows": [4], "cols": [4], "gpu": "t4"}))[0] == 0.0

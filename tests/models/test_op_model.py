@@ -22,7 +22,14 @@ from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.op_features import featurize_ops
-from perfcast.models.op_model import DEFAULT_LAUNCH_MS, POOLED, OpTimeRegressor, weighted_quantile
+from perfcast.models.op_model import (
+    DEFAULT_LAUNCH_MS,
+    POOLED,
+    OpTimeRegressor,
+    _random_effect_quantiles,
+    _split_gpu_shifts,
+    weighted_quantile,
+)
 
 GPU_EFF = {"a100-pcie-40gb": 0.70, "v100-pcie-32gb": 0.64, "t4": 0.60, "p100-pcie-16gb": 0.58}
 TRUE_LAUNCH_MS = 0.012
@@ -107,6 +114,7 @@ def test_fitted_state(fitted):
         assert fitted.launch_ms_[(POOLED, cls)] > 0
         values, weights = fitted.residuals_[cls]
         assert values.shape == weights.shape and np.isfinite(values).all()
+        assert len(fitted.gpu_shifts_[cls]) == len(GPU_EFF)  # one shift per calibration GPU
 
 
 def test_shapes_and_ordering(fitted, data):
@@ -252,3 +260,25 @@ def test_predict_with_interval_matches_the_two_calls(fitted, data):
     pred, interval = fitted.predict_with_interval(X, coverage=0.8)
     np.testing.assert_array_equal(pred, fitted.predict(X))
     np.testing.assert_array_equal(interval, fitted.predict_interval(X, coverage=0.8))
+
+
+def test_gpu_shifts_split_off_each_gpus_median():
+    gpus = np.array(["a"] * 3 + ["b"] * 3)
+    res = np.array([0.1, 0.2, 0.3, -1.0, -0.9, -0.8])
+    centred, shifts = _split_gpu_shifts(res, np.ones(6), gpus)
+    np.testing.assert_allclose(shifts, [0.2, -0.9])
+    np.testing.assert_allclose(centred, [-0.1, 0.0, 0.1, -0.1, 0.0, 0.1], atol=1e-12)
+
+
+def test_random_effect_interval_is_a_t_predictive_and_widens_with_gpu_disagreement():
+    from scipy import stats
+
+    shifts = np.array([-0.2, 0.0, 0.1, 0.3])
+    lo, hi = _random_effect_quantiles(shifts, np.zeros(1), np.ones(1), (0.05, 0.95))
+    scale = shifts.std(ddof=1) * np.sqrt(1 + 1 / 4)
+    assert hi == pytest.approx(shifts.mean() + scale * stats.t.ppf(0.95, 3), abs=1e-5)
+    assert lo == pytest.approx(shifts.mean() - scale * stats.t.ppf(0.95, 3), abs=1e-5)
+    spread = np.linspace(-0.1, 0.1, 101)
+    narrow = _random_effect_quantiles(shifts / 4, spread, np.ones(101), (0.05, 0.95))
+    wide = _random_effect_quantiles(shifts, spread, np.ones(101), (0.05, 0.95))
+    assert wide[0] < narrow[0] < 0 < narrow[1] < wide[1]

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
 from perfcast.features import hardware
+from perfcast.models.calibration import GpuCorrection
 from perfcast.serve.cli import app
 
 
@@ -43,9 +45,10 @@ def test_calibrate_cpu_then_predict_uses_the_correction(user_dirs: tuple[Path, P
     without = runner.invoke(app, [*args, "-o", str(tmp_path / "b.csv"), "--no-calibration"])
     assert with_cal.exit_code == 0 and without.exit_code == 0, with_cal.output + without.output
     a, b = pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")
-    shift = correction["shifts"].get("vector")
-    if shift is not None:
-        assert a["pred_ms"].iloc[0] == pytest.approx(b["pred_ms"].iloc[0] * 2.718281828459045**shift)
+    if "vector" in correction["shifts"]:  # the stored correction (shift and shape residual) scales the row
+        factor = np.exp(GpuCorrection.from_json((cal / f"{host}.json").read_text()).log_factors(ops))
+        assert a["pred_ms"].iloc[0] == pytest.approx(b["pred_ms"].iloc[0] * factor[0])
+        assert factor[0] != pytest.approx(1.0) or correction["shifts"]["vector"] == pytest.approx(0.0, abs=1e-3)
 
 
 def test_user_entries_cannot_shadow_the_catalog(user_dirs: tuple[Path, Path]) -> None:

@@ -34,7 +34,7 @@ def test_logo_table_has_every_gpu_class_and_predictor() -> None:
     assert model["coverage"].between(0, 1).all()
     assert "| gemm_fp32 |" in markdown_table(result)
 
-    curve = few_shot_curve(result.predictions, ks=(0, 5, 20), seeds=2)
+    curve = few_shot_curve(result.predictions, records, ks=(0, 5, 20), seeds=2)
     assert set(curve["k"]) == {0, 5, 20}
     # a per-GPU shift fitted on 20 ops of the synthetic law (one efficiency per GPU) must help
     median = curve.groupby("k")["mape"].median()

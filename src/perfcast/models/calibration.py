@@ -1,14 +1,22 @@
 """Few-shot calibration: a per-GPU correction fitted on a handful of measured ops.
 
-On a GPU nobody measured, most of the op model's error is a shift shared by that GPU's
-ops (its launch overhead, its achieved bandwidth). A few measured ops of the user's own
-GPU estimate that shift per op class:
+On a GPU nobody measured, much of the op model's error is a shift shared by that GPU's
+ops (its launch overhead, its achieved bandwidth), and the rest depends on the shape (a
+GEMM family that runs a worse kernel there). A few measured ops of the user's own GPU
+estimate both, per op class:
 
 * ``shift = median(log(measured / predicted)) * k / (k + SHRINK_OPS)`` for ``k`` ops, shrunk
   toward zero when ``k`` is small;
+* a Gaussian-process residual on top: the log residuals minus the shift, smoothed over the
+  log dimensions of the op (:data:`RESIDUAL_DIMS`) with a squared-exponential kernel of
+  length :data:`LENGTH_SCALE` that only links ops of the same kind. Far from every
+  measured op it falls back to the shift; near one, it follows that op's residual.
+  For a row ``x``: ``log factor = shift + sum_j PRIOR_VAR * k(x, x_j) * alpha_j`` with
+  ``alpha = (K + NOISE_VAR I)^-1 (r - shift)``;
 * with at least ``MIN_OPS_FOR_SPREAD`` ops of a class, the interval becomes the empirical
-  spread of the corrected residuals on that GPU (a within-GPU interval: the GPU is no
-  longer unseen), otherwise the model's own interval is shifted along.
+  spread of the leave-one-out residuals of that correction on that GPU (a within-GPU
+  interval: the GPU is no longer unseen), otherwise the model's own interval is scaled
+  along.
 
 A :class:`GpuCorrection` is a small JSON file; :class:`CalibratedPredictor` applies the
 corrections of the GPUs it has to any op predictor.
@@ -21,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -31,7 +40,29 @@ from perfcast.features.ops import op_classes, op_kinds
 
 SHRINK_OPS = 2.0
 MIN_OPS_FOR_SPREAD = 20
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 files have no residual model: shift only
+
+RESIDUAL_DIMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "gemm": ("batch", "m", "n", "k"),
+        "vector": ("rows", "cols"),
+        "attention": ("batch", "heads", "seq_q", "seq_kv", "head_dim"),
+        "collective": ("bytes", "n_ranks"),
+    }
+)
+"""Op-table columns whose natural logs place an op in the residual model's space (a missing
+column counts as 1: ``batch`` of a plain matmul)."""
+LENGTH_SCALE = 1.5
+"""Kernel length in natural-log units of the dims: ops within a factor ~4 in every dim share
+most of their residual."""
+PRIOR_VAR = 0.1
+"""Prior variance of the shape-dependent log residual (a ~30% spread around the shift)."""
+NOISE_VAR = 0.05
+"""Variance of a single measured op's log residual around the smooth residual: timing noise
+and shape effects finer than the kernel. LENGTH_SCALE, PRIOR_VAR and NOISE_VAR are one global
+choice from a 3x3 grid scored on the leave-one-GPU-out few-shot curve (median over GPUs,
+k = 20; the grid's spread was about 1 MAPE point), never per GPU."""
 
 
 @dataclass(frozen=True)
@@ -44,9 +75,10 @@ class GpuCorrection:
     spread: dict[str, list[float]] = field(default_factory=dict)  # class -> sorted corrected log residuals
     model: str = ""
     created_utc: str = ""
+    residual: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> GP points (see module doc)
 
     def to_json(self) -> str:
-        """JSON text of the correction (``schema_version`` 1)."""
+        """JSON text of the correction (``schema_version`` 2)."""
         return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2) + "\n"
 
     @classmethod
@@ -56,12 +88,79 @@ class GpuCorrection:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise BundleError(f"{where}: invalid JSON: {exc}") from None
-        if not isinstance(data, dict) or data.pop("schema_version", None) != SCHEMA_VERSION:
+        if not isinstance(data, dict) or data.pop("schema_version", None) not in READABLE_SCHEMA_VERSIONS:
             raise BundleError(f"{where}: not a perfcast GPU correction (schema_version {SCHEMA_VERSION})")
         try:
             return cls(**data)
         except TypeError as exc:
             raise BundleError(f"{where}: {exc}") from None
+
+    def log_factors(self, ops: pd.DataFrame) -> np.ndarray:
+        """Log of the correction factor of each row of ``ops`` (0 for classes it has no shift for).
+
+        Rows are taken to be of this correction's GPU; the caller selects them.
+        """
+        out = np.zeros(len(ops))
+        if not len(ops):
+            return out
+        kinds = op_kinds(ops)
+        classes = op_classes(kinds)
+        for cls, shift in self.shifts.items():
+            m = classes == cls
+            if not m.any():
+                continue
+            out[m] = shift
+            gp = self.residual.get(cls)
+            if gp:
+                out[m] += _gp_mean(gp, log_dims(ops.loc[m], cls), kinds[m])
+        return out
+
+
+def log_dims(ops: pd.DataFrame, cls: str) -> np.ndarray:
+    """(n, d) natural logs of the class's :data:`RESIDUAL_DIMS` (NaN where a dim is missing or <= 0)."""
+    cols = []
+    for name in RESIDUAL_DIMS.get(cls, ()):
+        if name in ops:
+            v = pd.to_numeric(ops[name], errors="coerce").to_numpy(dtype=float)
+            v = np.where(np.isnan(v) & (name == "batch"), 1.0, v)
+        else:
+            v = np.full(len(ops), 1.0 if name == "batch" else np.nan)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            cols.append(np.where(v > 0, np.log(np.where(v > 0, v, 1.0)), np.nan))
+    return np.column_stack(cols) if cols else np.empty((len(ops), 0))
+
+
+def _kernel(xa: np.ndarray, ka: np.ndarray, xb: np.ndarray, kb: np.ndarray, length_scale: float) -> np.ndarray:
+    """Squared-exponential kernel over log dims, zero between ops of different kinds: (len(xa), len(xb))."""
+    d2 = ((xa[:, None, :] - xb[None, :, :]) ** 2).sum(-1)
+    return np.exp(-d2 / (2 * length_scale**2)) * (ka[:, None] == kb[None, :])
+
+
+def _gp_mean(gp: Mapping[str, Any], x: np.ndarray, kinds: np.ndarray) -> np.ndarray:
+    """The residual model's log correction (over the shift) at rows ``x`` (0 where a dim is NaN)."""
+    points = np.asarray(gp["x"], dtype=float).reshape(-1, x.shape[1])
+    alpha = np.asarray(gp["alpha"], dtype=float)
+    ok = np.isfinite(x).all(axis=1)
+    out = np.zeros(len(x))
+    if ok.any() and len(alpha):
+        k = _kernel(x[ok], kinds[ok], points, np.asarray(gp["kinds"], dtype=str), float(gp["length_scale"]))
+        out[ok] = float(gp["prior_var"]) * k @ alpha
+    return out
+
+
+def _fit_gp(x: np.ndarray, kinds: np.ndarray, r: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
+    """GP of the centred log residuals ``r`` at ``x``: its JSON form and the leave-one-out residuals."""
+    a = PRIOR_VAR * _kernel(x, kinds, x, kinds, LENGTH_SCALE) + NOISE_VAR * np.eye(len(r))
+    inv = np.linalg.inv(a)
+    alpha = inv @ r
+    gp = {
+        "kinds": kinds.tolist(),
+        "x": x.tolist(),
+        "alpha": alpha.tolist(),
+        "length_scale": LENGTH_SCALE,
+        "prior_var": PRIOR_VAR,
+    }
+    return gp, alpha / np.diag(inv)
 
 
 def shrunk_shift(log_residuals: np.ndarray) -> float:
@@ -79,17 +178,28 @@ def fit_correction(
     ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
     if not ok.any():
         raise SpecError(f"no usable measured ops to calibrate {gpu}: need positive measured and predicted times")
-    classes = op_classes(op_kinds(ops))[ok]
+    used = ops.loc[ok]
+    kinds = op_kinds(used)
+    classes = op_classes(kinds)
     residual = np.log(measured[ok] / predicted[ok])
-    shifts, n_ops, spread = {}, {}, {}
-    for cls in np.unique(classes):
-        r = residual[classes == cls]
-        shifts[str(cls)] = shrunk_shift(r)
-        n_ops[str(cls)] = len(r)
+    shifts, n_ops, spread, gps = {}, {}, {}, {}
+    for cls in (str(c) for c in np.unique(classes)):
+        m = classes == cls
+        r = residual[m]
+        shifts[cls] = shrunk_shift(r)
+        n_ops[cls] = len(r)
+        loo = r - shifts[cls]
+        x = log_dims(used.loc[m], cls)
+        has_dims = np.isfinite(x).all(axis=1) if x.shape[1] else np.zeros(len(r), dtype=bool)
+        if has_dims.any():
+            gps[cls], loo_dims = _fit_gp(x[has_dims], kinds[m][has_dims], r[has_dims] - shifts[cls])
+            loo[has_dims] = loo_dims
         if len(r) >= MIN_OPS_FOR_SPREAD:
-            spread[str(cls)] = np.sort(r - shifts[str(cls)]).tolist()
-    return GpuCorrection(gpu=gpu, shifts=shifts, n_ops=n_ops, spread=spread, model=model,
-                         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"))  # fmt: skip
+            spread[cls] = np.sort(loo).tolist()
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return GpuCorrection(
+        gpu=gpu, shifts=shifts, n_ops=n_ops, spread=spread, model=model, created_utc=created, residual=gps
+    )
 
 
 class CalibratedPredictor:
@@ -113,19 +223,24 @@ class CalibratedPredictor:
         classes = op_classes(op_kinds(ops))
         gpus = ops["gpu"].astype(str).to_numpy()
         for gpu, corr in self.corrections.items():
-            for cls, shift in corr.shifts.items():
-                m = (gpus == gpu) & (classes == cls)
+            on_gpu = gpus == gpu
+            if not on_gpu.any():
+                continue
+            factor = np.ones(len(ops))
+            factor[on_gpu] = np.exp(corr.log_factors(ops.loc[on_gpu]))
+            for cls in corr.shifts:
+                m = on_gpu & (classes == cls)
                 if not m.any():
                     continue
-                pred[m] *= np.exp(shift)
+                pred[m] *= factor[m]
                 if cls in corr.spread:
                     r = np.asarray(corr.spread[cls])
                     q_lo = min(float(np.quantile(r, (1 - coverage) / 2)), 0.0)
                     q_hi = max(float(np.quantile(r, (1 + coverage) / 2)), 0.0)
                     lo[m], hi[m] = pred[m] * np.exp(q_lo), pred[m] * np.exp(q_hi)
                 else:
-                    lo[m] *= np.exp(shift)
-                    hi[m] *= np.exp(shift)
+                    lo[m] *= factor[m]
+                    hi[m] *= factor[m]
         return pred, lo, hi
 
 

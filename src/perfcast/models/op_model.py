@@ -16,10 +16,20 @@ The physics carries the scale, the trees the efficiency, so the model transfers 
 it has not seen (``docs/research_op_model.py.txt``: leave-one-GPU-out median MAPE 19% on
 NeuSight GEMMs, 12% on vector ops).
 
-The interval is GPU-level split conformal: an inner leave-one-GPU-out loop over the
-training GPUs collects out-of-GPU log residuals, each GPU with equal total weight, and the
-interval is ``pred * exp([q_lo, q_hi])`` at the ``(1-c)/2`` and ``(1+c)/2`` weighted
-quantiles. It answers "how wrong is the model on a GPU it has not seen".
+The interval answers "how wrong is the model on a GPU it has not seen". An inner
+leave-one-GPU-out loop over the ``n`` training GPUs collects out-of-GPU log residuals.
+They split into a shift per GPU (the median residual of its ops, ``s_g``) and the spread
+of the ops around it (``e``, each GPU with equal total weight). Since the shifts dominate
+and come from a handful of GPUs, the interval treats the shift of a new GPU as a draw of a
+random effect, a Student-t predictive over the ``n`` observed shifts,
+
+.. math::
+
+    r = S + E, \\qquad S \\sim \\bar s + s_s \\sqrt{1 + 1/n}\\; t_{n-1}, \\qquad E \\sim \\{e\\},
+
+and the interval is ``pred * exp([q_lo, q_hi])`` at the ``(1-c)/2`` and ``(1+c)/2``
+quantiles of ``r``. It widens with the disagreement between GPUs rather than being set
+by the ops of the GPUs seen, so a GPU unlike the rest keeps most of its coverage.
 
 Shapes:
     ``X``: (n,) op-table rows (a DataFrame); ``predict``: (n,) ms;
@@ -124,7 +134,11 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
     Fitted attributes:
         launch_ms_: ``{(vendor, class): ms}``, ``(POOLED, class)`` the class fallback.
         boosters_: ``{class: xgboost.Booster}``.
-        residuals_: ``{class: (log_residuals, weights)}`` of the interval.
+        residuals_: ``{class: (log_residuals, weights)}`` of the interval: the ops' spread
+            around their GPU's shift when ``gpu_shifts_[class]`` is set, else the plain
+            (row-fold or in-sample) residuals.
+        gpu_shifts_: ``{class: shifts}``, the median out-of-GPU log residual of each
+            calibration GPU (empty without a GPU-level calibration).
         interval_kind_: ``{class: "gpu" | "row" | "in-sample"}``.
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
     """
@@ -177,6 +191,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.boosters_: dict[str, Any] = {}
         self.residuals_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.interval_kind_: dict[str, str] = {}
+        self.gpu_shifts_: dict[str, np.ndarray] = {}
         self.feature_names_ = {c: tuple(FEATURE_SPEC.columns[c]) for c in classes}
         for cls in classes:
             m = (feats["op_class"] == cls).to_numpy()
@@ -184,8 +199,12 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             launch, booster = self._fit_class(cls, fc, tc, wc, rng, self.max_rows_per_gpu, self.n_estimators)
             self.launch_ms_.update(launch)
             self.boosters_[cls] = booster
-            residuals, self.interval_kind_[cls] = self._fit_residuals(cls, fc, tc, wc, booster, launch)
-            self.residuals_[cls] = compress_residuals(*residuals)
+            (res, weights), self.interval_kind_[cls] = self._fit_residuals(cls, fc, tc, wc, booster, launch)
+            if self.interval_kind_[cls] == "gpu":
+                res, self.gpu_shifts_[cls] = _split_gpu_shifts(res, weights, fc["gpu_id"].to_numpy())
+            else:
+                self.gpu_shifts_[cls] = np.empty(0)
+            self.residuals_[cls] = compress_residuals(res, weights)
 
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
         self.train_gpus_ = tuple(sorted(pd.unique(feats["gpu_id"])))
@@ -369,8 +388,12 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         """The log-residual quantiles ``(q_lo <= 0 <= q_hi)`` of ``op_class``'s interval."""
         check_is_fitted(self, "boosters_")
         values, weights = self.residuals_[op_class]
-        q_lo = weighted_quantile(values, weights, (1 - coverage) / 2)
-        q_hi = weighted_quantile(values, weights, (1 + coverage) / 2)
+        shifts = self.gpu_shifts_.get(op_class, np.empty(0))
+        if len(shifts) >= MIN_CALIBRATION_GPUS:
+            q_lo, q_hi = _random_effect_quantiles(shifts, values, weights, ((1 - coverage) / 2, (1 + coverage) / 2))
+        else:
+            q_lo = weighted_quantile(values, weights, (1 - coverage) / 2)
+            q_hi = weighted_quantile(values, weights, (1 + coverage) / 2)
         return min(q_lo, 0.0), max(q_hi, 0.0)
 
     def feature_importance(self) -> dict[str, dict[str, float]]:
@@ -456,6 +479,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             "feature_names": {c: list(v) for c, v in self.feature_names_.items()},
             "launch_ms": [[v, c, float(ms)] for (v, c), ms in self.launch_ms_.items()],
             "interval_kind": dict(self.interval_kind_),
+            "gpu_shifts": {c: v.tolist() for c, v in self.gpu_shifts_.items()},
             "residuals": {
                 c: {"values": vals.tolist(), "weights": wts.tolist()} for c, (vals, wts) in self.residuals_.items()
             },
@@ -484,6 +508,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                     raise BundleError(f"op model's {c} features differ from FeatureSpec version {FEATURE_SPEC_VERSION}")
             model.launch_ms_ = {(v, c): float(ms) for v, c, ms in meta["launch_ms"]}
             model.interval_kind_ = dict(meta["interval_kind"])
+            # bundles written before the random-effect interval have no shifts: pooled residuals
+            model.gpu_shifts_ = {c: np.asarray(v, dtype=float) for c, v in meta.get("gpu_shifts", {}).items()}
             model.residuals_ = {
                 c: (np.asarray(r["values"], dtype=float), np.asarray(r["weights"], dtype=float))
                 for c, r in meta["residuals"].items()
@@ -555,6 +581,49 @@ def _sample_per_gpu(
         parts.append(rows)
     idx = np.concatenate(parts)
     return idx, _gpu_equal_weights(gpus[idx], w[idx])
+
+
+def _split_gpu_shifts(res: np.ndarray, w: np.ndarray, gpus: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each GPU's weighted median log residual (its shift), and the residuals minus their GPU's shift."""
+    centred = np.asarray(res, dtype=float).copy()
+    shifts = []
+    for gpu in sorted(pd.unique(gpus)):
+        m = gpus == gpu
+        shift = weighted_quantile(centred[m], w[m], 0.5)
+        centred[m] -= shift
+        shifts.append(shift)
+    return centred, np.asarray(shifts)
+
+
+def _random_effect_quantiles(
+    shifts: np.ndarray, spread: np.ndarray, weights: np.ndarray, levels: tuple[float, ...]
+) -> tuple[float, ...]:
+    """Quantiles of ``S + E``: ``S`` the Student-t predictive of a new GPU's shift, ``E`` the op spread.
+
+    ``S = mean + sd * sqrt(1 + 1/n) * t_{n-1}`` over the ``n`` calibration GPUs' shifts;
+    ``E`` is the weighted empirical spread. The CDF is the weighted mean over ``E`` of the
+    shifted t CDF, inverted by bisection (to 1e-6 in log time).
+    """
+    from scipy.special import stdtr
+
+    n = len(shifts)
+    mean, scale = float(np.mean(shifts)), float(np.std(shifts, ddof=1)) * np.sqrt(1 + 1 / n)
+    p = np.asarray(weights, dtype=float) / np.sum(weights)
+    e = np.asarray(spread, dtype=float)
+    if scale <= 0:
+        return tuple(mean + weighted_quantile(e, p, q) for q in levels)
+
+    def cdf(z: float) -> float:
+        return float(p @ stdtr(n - 1, (z - mean - e) / scale))
+
+    out = []
+    for q in levels:
+        lo, hi = mean + e.min() - 50 * scale, mean + e.max() + 50 * scale
+        while hi - lo > 1e-6:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+        out.append((lo + hi) / 2)
+    return tuple(out)
 
 
 def _gpu_equal_weights(gpus: np.ndarray, w: np.ndarray) -> np.ndarray:

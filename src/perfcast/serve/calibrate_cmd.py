@@ -94,12 +94,13 @@ def _report(correction, records: pd.DataFrame, measured: np.ndarray, pred: np.nd
     from perfcast.features.ops import op_classes, op_kinds
 
     classes = op_classes(op_kinds(records))
+    corrected = pred * np.exp(correction.log_factors(records))
     table = Table(title=f"calibration of {correction.gpu} (in-sample, on the measured ops)")
     for col in ("class", "ops", "factor", "MAPE before %", "MAPE after %"):
         table.add_column(col)
     for cls, shift in correction.shifts.items():
         m = classes == cls
         before = float(np.mean(np.abs(pred[m] / measured[m] - 1)) * 100)
-        after = float(np.mean(np.abs(pred[m] * np.exp(shift) / measured[m] - 1)) * 100)
+        after = float(np.mean(np.abs(corrected[m] / measured[m] - 1)) * 100)
         table.add_row(cls, str(correction.n_ops[cls]), f"{np.exp(shift):.3f}", f"{before:.1f}", f"{after:.1f}")
     Console().print(table)

@@ -157,27 +157,70 @@ def markdown_table(result: LogoResult) -> str:
     return "\n".join(lines)
 
 
-def few_shot_curve(predictions: pd.DataFrame, *, ks: tuple[int, ...] = (0, 5, 20, 100), seeds: int = 5) -> pd.DataFrame:
+def spread_pick(x: np.ndarray, k: int, rng: np.random.Generator, *, pool: int = 3000) -> np.ndarray:
+    """``k`` row indices of ``x`` (n, d) spread over its space, as a calibration sweep measures them.
+
+    Greedy farthest-point selection from a random first row, over a random pool of at most
+    ``pool`` rows (rows with a NaN coordinate are compared on their finite ones).
+    """
+    cand = rng.choice(len(x), size=min(len(x), pool), replace=False)
+    z = np.nan_to_num(x[cand])
+    chosen = [int(rng.integers(len(cand)))]
+    dist = ((z - z[chosen[0]]) ** 2).sum(axis=1)
+    for _ in range(k - 1):
+        j = int(np.argmax(dist))
+        chosen.append(j)
+        dist = np.minimum(dist, ((z - z[j]) ** 2).sum(axis=1))
+    return cand[chosen]
+
+
+def few_shot_curve(
+    predictions: pd.DataFrame,
+    ops: pd.DataFrame,
+    *,
+    ks: tuple[int, ...] = (0, 5, 20, 100),
+    seeds: int = 5,
+    design: str = "spread",
+) -> pd.DataFrame:
     """MAPE on each held-out GPU after a few-shot correction fitted on ``k`` of its ops.
 
-    For every held-out GPU and class, ``k`` of its rows (seeded draws) give the class's
-    correction (:func:`~perfcast.models.calibration.shrunk_shift` of the log residuals of
-    the model's held-out predictions); the MAPE is measured on the GPU's other rows.
-    Returns one row per (gpu, eval_class, k) with the median MAPE over ``seeds`` draws.
-    """
-    from perfcast.models.calibration import shrunk_shift
+    For every held-out GPU and class, ``k`` of its rows give the GPU's correction
+    (:func:`~perfcast.models.calibration.fit_correction` on the log residuals of the model's
+    held-out predictions: a shrunk shift plus the shape-dependent residual model), and the
+    MAPE is measured on the GPU's other rows. ``design="spread"`` picks the ``k`` ops spread
+    over the log dimensions and op kinds (:func:`spread_pick`, as ``perfcast calibrate``
+    sweeps shapes),
+    ``"random"`` draws them uniformly. Returns one row per (gpu, eval_class, k) with the
+    median MAPE over ``seeds`` seeded draws.
 
+    Args:
+        predictions: :attr:`LogoResult.predictions`.
+        ops: the op-table rows evaluated, indexed like ``predictions``.
+    """
+    from perfcast.features.ops import op_classes, op_kinds
+    from perfcast.models.calibration import fit_correction, log_dims
+
+    if design not in ("spread", "random"):
+        raise ValueError(f"design={design!r}; allowed: spread, random")
     rows = []
     for (gpu, klass), block in predictions.groupby(["gpu", "eval_class"]):
         measured, pred = block["measured_ms"].to_numpy(), block[MODEL].to_numpy()
+        block_ops = ops.loc[block.index]
+        kinds = op_kinds(block_ops)
+        # a sweep covers every op kind: kinds sit far apart in the space the picks spread over
+        x = np.column_stack([log_dims(block_ops, str(op_classes(kinds[:1])[0])), 10.0 * pd.factorize(kinds)[0]])
         for k in ks:
             if k >= len(block):
                 continue
             mapes = []
             for seed in range(seeds if k else 1):
-                pick = np.random.default_rng(seed).choice(len(block), size=k, replace=False)
+                rng = np.random.default_rng(seed)
+                pick = spread_pick(x, k, rng) if design == "spread" else rng.choice(len(block), size=k, replace=False)
                 rest = np.setdiff1d(np.arange(len(block)), pick)
-                shift = shrunk_shift(np.log(measured[pick] / pred[pick]))
-                mapes.append(summarize(pred[rest] * np.exp(shift), measured[rest])["mape"])
+                log_factor = np.zeros(len(rest))
+                if k:
+                    corr = fit_correction(str(gpu), block_ops.iloc[pick], measured[pick], pred[pick])
+                    log_factor = corr.log_factors(block_ops.iloc[rest])
+                mapes.append(summarize(pred[rest] * np.exp(log_factor), measured[rest])["mape"])
             rows.append({"gpu": gpu, "eval_class": klass, "k": k, "mape": float(np.median(mapes))})
     return pd.DataFrame(rows)
