@@ -51,13 +51,19 @@ def _host_gpu_id(name: str, card: dict) -> str:
 
 
 def calibrate_command(
+    ctx: typer.Context,
     device: str = typer.Option("cuda", "--device", help="cuda or cpu: the device to measure."),
     budget_s: float = typer.Option(60.0, "--budget-s", help="Measurement budget, seconds."),
     model: str | None = typer.Option(None, "--model", help="Op predictor: 'analytic', a bundle or an MLflow URI."),
     dtype: str | None = typer.Option(None, "--dtype", help="Dtype to measure (default: bf16 on cuda, fp32 on cpu)."),
     store: Path | None = typer.Option(None, "--store", help="Calibration folder (default: $PERFCAST_CALIBRATION_DIR)."),
 ) -> None:
-    """Measure a short sweep on this device and store its per-GPU correction."""
+    """Measure a short sweep of ops on this device and store its per-GPU correction.
+
+    `perfcast calibrate steps RUNS` instead fits per-cluster step corrections from measured runs.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
     from perfcast.data.profiler import run_profile
     from perfcast.features.hardware import resolve_gpu_name
     from perfcast.features.sweeps import profile_plan

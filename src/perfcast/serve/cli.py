@@ -20,6 +20,7 @@ from rich.table import Table
 from perfcast.data.tables import ERROR_COLUMN, write_table
 from perfcast.errors import PerfcastError, SpecError
 from perfcast.serve.calibrate_cmd import calibrate_command
+from perfcast.serve.calibrate_steps_cmd import calibrate_steps_command
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.evaluate_cmd import evaluate_app
 from perfcast.serve.hardware_cmd import hardware_app
@@ -44,7 +45,13 @@ app.add_typer(models_app, name="models")
 app.add_typer(data_app, name="data")
 app.command("profile")(profile_command)
 app.add_typer(train_app, name="train")
-app.command("calibrate")(calibrate_command)
+calibrate_app = typer.Typer(
+    help="Correct predictions with measurements of your own hardware: ops (this device) or steps (your runs).",
+    invoke_without_command=True,
+)
+calibrate_app.callback()(calibrate_command)
+calibrate_app.command("steps")(calibrate_steps_command)
+app.add_typer(calibrate_app, name="calibrate")
 app.add_typer(evaluate_app, name="evaluate")
 app.command("serve")(serve_command)
 app.command("search")(search_command)
