@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check --quiet src tests scripts benchmarks
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # XGBoost threads spin-wait badly on busy cores
 .venv/bin/python -m pytest -q "$@"

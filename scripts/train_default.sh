@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Train the default op predictor shipped inside the package (src/perfcast/models/default_bundle)
-# on the compute-op sources of ../shared/data, tracked in the local MLflow store (./mlflow.db).
+# Train the default predictor shipped inside the package (src/perfcast/models/default_bundle)
+# on ../shared/data, tracked in the local MLflow store (./mlflow.db): first the op models on the
+# compute-op sources, then the step GBDT on the measured runs (vTrain, NeuSight, MLPerf) over the
+# steps those op models compose, evaluated on the held-out splits first.
 #
 # - NeuSight fp32 GEMM and vector kernels (8 GPUs), DeepBench GEMMs (fp32/fp16), and Vidur's fp16
 #   GEMMs. Vidur's vector ops are left out: Vidur times them with record_function on the host,
@@ -11,6 +13,7 @@
 # Usage: bash scripts/train_default.sh [DATA_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}  # XGBoost's OpenMP threads spin 10x slower on busy cores
 DATA=${1:-../shared/data}
 bash scripts/setup.sh
 .venv/bin/python - "$DATA" <<'PY'
@@ -32,3 +35,5 @@ PY
     --data "$DATA/deepbench_gemm.csv" \
     --data datasets/vidur-gemm \
     -o src/perfcast/models/default_bundle
+.venv/bin/perfcast train steps --model-type gbdt --register "" --data "$DATA" \
+    --op-model src/perfcast/models/default_bundle -o src/perfcast/models/default_bundle
