@@ -123,7 +123,7 @@ class OpPredictorBundle:
         Compute rows go to the op model, collective rows to the collective model. Rows of
         an op class the bundle learned nothing about (no attention data, no collective
         model) get the analytic estimate (roofline, alpha-beta) and no interval (NaN),
-        with a warning that counts them.
+        logged (info) with their count; their empty interval shows it per row.
 
         Raises:
             SpecError: ``ops`` is not a DataFrame, or holds unknown ops.
@@ -147,7 +147,7 @@ class OpPredictorBundle:
         fallback = np.isnan(pred)
         if fallback.any():
             counts = pd.Series(classes[fallback]).value_counts().to_dict()
-            logger.warning("no learned model for %s rows: analytic estimate, no interval", counts)
+            logger.info("no learned model for %s rows: analytic estimate, no interval", counts)
             pred[fallback], _, _ = AnalyticOpPredictor().predict_ops(ops.loc[fallback], coverage=coverage)
         return pred, lo, hi
 
