@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -159,3 +160,35 @@ def test_vector_memory_traffic():
 def test_collective_memory_is_its_message():
     ops = pd.DataFrame([dict(op="allgather", bytes=12345, n_ranks=4)])
     assert op_memory_bytes(ops)[0] == 12345
+
+
+def test_frame_arrays_and_text_cells_give_the_same_flops_and_bytes():
+    ops = pd.DataFrame(
+        {
+            "op": ["matmul", "Linear ", "attention", "rmsnorm", "add", "optimizer", "allreduce", "softmax"],
+            "batch": [1, 2, 3, 0, 0, 0, 0, 0],
+            "m": [64, 32, 0, 0, 0, 0, 0, 0],
+            "n": [128, 16, 0, 0, 0, 0, 0, 0],
+            "k": [256, 8, 0, 0, 0, 0, 0, 0],
+            "rows": [0, 0, 0, 512, 64, 1, 0, 32],
+            "cols": [0, 0, 0, 1024, 64, 1000, 0, 50],
+            "scalar": [False, False, False, False, True, False, False, False],
+            "heads": [0, 0, 8, 0, 0, 0, 0, 0],
+            "kv_heads": [0, 0, 2, 0, 0, 0, 0, 0],
+            "seq_q": [0, 0, 128, 0, 0, 0, 0, 0],
+            "seq_kv": [0, 0, 256, 0, 0, 0, 0, 0],
+            "head_dim": [0, 0, 64, 0, 0, 0, 0, 0],
+            "causal": [False, False, True, False, False, False, False, False],
+            "bytes": [0, 0, 0, 0, 0, 0, 1 << 20, 0],
+            "dtype": ["bf16", "fp8", "fp16", "fp32", "bf16", "bf16", "bf16", "tf32"],
+            "backward": [False, True, True, True, False, False, False, True],
+        }
+    )
+    arrays = {c: ops[c].to_numpy(dtype=object if ops[c].dtype == object else None) for c in ops}
+    text = ops.astype(str)  # numbers and flags as text cells take the coercing path
+    text["m"] = text["m"].where(ops["m"] > 0, "")  # empty cells count as 0
+    for fn in (op_flops, op_memory_bytes):
+        expected = fn(ops)
+        np.testing.assert_array_equal(fn(arrays), expected)
+        np.testing.assert_array_equal(fn(text), expected)
+    assert op_flops(ops.iloc[:0]).shape == (0,)

@@ -9,7 +9,7 @@ from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.roofline import op_time_ms
-from perfcast.features.schedule import StepBreakdown, compose_step, exposed_time_ms
+from perfcast.features.schedule import StepBreakdown, compose_step, compose_steps, exposed_time_ms
 from perfcast.features.workload import WorkloadGraph, build_workload_graph
 
 GPT = ModelSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
@@ -192,3 +192,16 @@ def test_interleaved_transfers_longer_than_the_stage_compute_are_exposed():
     step = compose_step(g, _pp_times(g, xfer), host_ms_per_kernel=0)
     m = g.num_microbatches
     assert step.comm_ms["pp"] == pytest.approx(m * (4 * xfer - stage))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compose_steps_equals_compose_step_per_array(name, overlap):
+    model = GPT.model_copy(update={"num_experts": 4, "top_k": 2}) if name == "moe" else GPT
+    g, cluster = _setup(model, **CONFIGS[name])
+    base = op_time_ms(g.nodes, cluster)
+    rng = np.random.default_rng(0)
+    arrays = [base, base * rng.uniform(0.5, 1.0, len(base)), base.copy(), base * rng.uniform(1.0, 3.0, len(base))]
+    steps = compose_steps(g, arrays, overlap_grad_reduce=overlap)
+    assert steps == [compose_step(g, a, overlap_grad_reduce=overlap) for a in arrays]
+    assert steps[1].step_ms < steps[0].step_ms == steps[2].step_ms < steps[3].step_ms

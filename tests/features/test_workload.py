@@ -20,8 +20,10 @@ import pandas as pd
 import pytest
 
 from perfcast.errors import SpecError
+from perfcast.features import workload
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
+from perfcast.features.ops import op_flops, op_memory_bytes
 from perfcast.features.parallel import ParallelConfig, padded_vocab_size
 from perfcast.features.workload import (
     NODE_COLUMNS,
@@ -412,3 +414,57 @@ def test_unfused_attention_keeps_both_gradients_under_lora():
     g = _graph(finetune="lora", lora_rank=4, flash_attention=False, global_batch=1)
     names = set(g.nodes["name"])
     assert {"attn.core.scores.wgrad", "attn.core.context.wgrad"} <= names
+
+
+# ------------------------------------------------------------------ column-wise construction
+
+MOE = ModelSpec(
+    name="moe-test", num_layers=4, hidden_size=256, num_heads=4, vocab_size=500, seq_len=128, num_experts=4, top_k=2
+)
+VARIED = {
+    **CONFIGS,
+    "unfused_attention": dict(flash_attention=False, tp=2, global_batch=1),
+    "lora_unfused_full_recompute": dict(
+        finetune="lora", lora_rank=8, flash_attention=False, recompute="full", global_batch=1
+    ),
+    "fp32_pp_zero1": dict(dtype="fp32", pp=2, dp=2, zero_stage=1, global_batch=4),
+    "moe_ep": dict(model=MOE, ep=2, dp=2, tp=2, sequence_parallel=True, global_batch=4),
+}
+
+
+def _graph_row_by_row(rows: list[dict]) -> pd.DataFrame:
+    """The node frame as the workload graph built it before it went column-wise: from records, via the frame path."""
+    nodes = pd.DataFrame(rows).reindex(columns=list(NODE_COLUMNS))
+    ints = [c for c in NODE_COLUMNS if c not in ("name", "scope", "phase", "stream", "group", "op", "dtype")]
+    flags = ["scalar", "causal", "backward"]
+    ints = [c for c in ints if c not in flags]
+    nodes[ints] = nodes[ints].fillna(0).astype("int64")
+    nodes[flags] = nodes[flags].astype("boolean").fillna(False).astype(bool)
+    nodes["flops"] = op_flops(nodes)
+    nodes["mem_bytes"] = op_memory_bytes(nodes)
+    return nodes
+
+
+@pytest.mark.parametrize("name", list(VARIED))
+def test_column_wise_graph_equals_the_row_by_row_frame(name, monkeypatch):
+    fields = dict(VARIED[name])
+    model = fields.pop("model", GPT)
+    seen: list[list[dict]] = []
+    columns = workload._Builder.columns
+
+    def spy(self):
+        seen.append([dict(r) for r in self.rows])
+        return columns(self)
+
+    monkeypatch.setattr(workload._Builder, "columns", spy)
+    g = _graph(model, **fields)
+    expected = _graph_row_by_row(seen[0])
+    pd.testing.assert_frame_equal(g.nodes, expected, check_exact=True)
+    for col in expected.columns:  # the cached arrays agree with the frame
+        np.testing.assert_array_equal(g.column(col), expected[col].to_numpy())
+    assert g.num_nodes == len(expected)
+    # a graph given frames answers the same
+    framed = WorkloadGraph(g.nodes, g.edges, g.dense_layers_per_stage, g.moe_layers_per_stage,
+                           g.num_microbatches, g.pp, g.vpp)  # fmt: skip
+    np.testing.assert_array_equal(framed.column("flops"), g.column("flops"))
+    assert framed.total_flops() == g.total_flops()

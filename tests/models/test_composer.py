@@ -10,9 +10,13 @@ import pytest
 
 import perfcast.models
 from perfcast.errors import SpecError
+from perfcast.features.ops import COLLECTIVE_OPS
+from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import parse_run_row
+from perfcast.features.schedule import compose_step
+from perfcast.features.workload import build_workload_graph
 from perfcast.models.analytic import AnalyticOpPredictor, predict_step
-from perfcast.models.composer import StepComposer, composed_frame
+from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
 
 BASE = {"model": "gpt3-1.3b", "gpu": "a100-sxm4-80gb", "micro_batch": 2, "global_batch": 64, "dtype": "bf16"}
 LAYOUTS = [
@@ -156,3 +160,42 @@ def test_default_bundle_composes_with_an_interval():
         assert step.step_lo_ms < step.step_hi_ms  # the op model's GEMM intervals reach the step
         assert np.isfinite(step.node_ms).all() and (step.node_ms >= 0).all()
         assert step.step_ms > 0.5 * predict_step(config).step_ms  # roofline is (nearly) a lower bound
+
+
+VARIED_ROWS = [
+    *({**BASE, **layout} for layout in LAYOUTS),
+    {**BASE, "tp": 2, "dp": 4, "flash_attention": False, "recompute": "selective"},
+    {**BASE, "tp": 2, "dp": 2, "finetune": "lora", "lora_rank": 8, "flash_attention": False, "recompute": "full"},
+    {**BASE, "gpu": "h100-sxm5-80gb", "dtype": "fp8", "tp": 2, "pp": 4, "dp": 1, "vpp": 2},
+    {**BASE, "dtype": "fp32", "dp": 4, "zero_stage": 1, "pp": 2, "global_batch": 32},
+    {"model": "mixtral-8x7b", "gpu": "h100-sxm5-80gb", "tp": 2, "ep": 4, "dp": 4, "micro_batch": 1, "global_batch": 8,
+     "sequence_parallel": True},
+]  # fmt: skip
+
+
+def _composed_one_config_from_frames(config, timing_scope: str):
+    """The per-config path: node times from the graph's frame, each composition on its own."""
+    graph = build_workload_graph(config.model, config.parallel, config.cluster)
+    nodes = graph.nodes.assign(gpu=config.cluster.gpu.id)
+    pred, lo, hi = SpyPredictor().predict_ops(nodes)
+    comm = nodes["op"].isin([o.value for o in COLLECTIVE_OPS]).to_numpy()
+    pred[comm] = op_time_ms(nodes[comm], config.cluster)
+    lo = np.minimum(np.where(np.isnan(lo) | comm, pred, lo), pred)
+    hi = np.maximum(np.where(np.isnan(hi) | comm, pred, hi), pred)
+    keep = {
+        "step": np.ones(len(nodes), dtype=bool),
+        "fwd_bwd": (nodes["scope"] != "step").to_numpy(),
+        "fwd": (nodes["phase"] == "fwd").to_numpy(),
+    }[timing_scope]
+    return [compose_step(graph, np.where(keep, t, 0.0)) for t in (pred, lo, hi)]
+
+
+def test_batched_composition_equals_the_per_config_frame_path():
+    configs = [parse_run_row(row) for row in VARIED_ROWS]
+    scopes = [TIMING_SCOPES[i % len(TIMING_SCOPES)] for i in range(len(configs))]
+    steps = StepComposer(SpyPredictor()).compose_many(configs, timing_scopes=scopes)
+    for config, scope, step in zip(configs, scopes, steps, strict=True):
+        median, lo, hi = _composed_one_config_from_frames(config, scope)
+        assert step.breakdown == median
+        assert (step.step_lo_ms, step.step_hi_ms) == (lo.step_ms, hi.step_ms)
+    assert len({s.graph.num_nodes for s in steps}) > 5  # the configs make different graphs

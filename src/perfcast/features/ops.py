@@ -1,7 +1,8 @@
 """Operator vocabulary of the op table, and the FLOPs and memory traffic of each op.
 
 All functions are vectorised over an op table (a ``pandas.DataFrame`` with the op-table
-columns of DESIGN.md); missing shape columns count as absent. Counting conventions:
+columns of DESIGN.md, or those columns as a mapping of equal-length numpy arrays); missing
+shape columns count as absent. Counting conventions:
 
 * GEMM-like ops (``matmul``, ``bmm``, ``linear``): output ``batch x m x n``, reduction
   ``k``; FLOPs ``2*batch*m*n*k`` (``linear`` adds ``batch*m*n`` for the bias). Memory
@@ -23,7 +24,9 @@ columns of DESIGN.md); missing shape columns count as absent. Counting conventio
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from enum import Enum
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -85,31 +88,52 @@ def parse_op(value: object) -> OpType:
         raise SpecError(f"op={value!r} is not a known op; allowed: {allowed}") from None
 
 
-def op_kinds(ops: pd.DataFrame) -> np.ndarray:
+def _map_unique(values: Any, fn: Callable[[Any], Any], dtype: Any) -> np.ndarray:
+    """``fn`` of every element of ``values``, calling ``fn`` once per distinct value."""
+    codes, uniques = pd.factorize(values, use_na_sentinel=False)
+    return np.array([fn(u) for u in uniques], dtype=dtype)[codes]
+
+
+OpColumns = pd.DataFrame | Mapping[str, np.ndarray]
+"""An op table: a frame, or its columns as equal-length numpy arrays (the workload graph's fast path)."""
+
+
+def _n_rows(ops: OpColumns) -> int:
+    return len(ops) if isinstance(ops, pd.DataFrame) else len(ops["op"])
+
+
+def op_kinds(ops: OpColumns) -> np.ndarray:
     """The ``op`` column as canonical op names (str array); SpecError on an unknown op."""
-    names = {raw: parse_op(raw).value for raw in pd.unique(ops["op"])}
-    return ops["op"].map(names).to_numpy(dtype=str)
+    if not _n_rows(ops):
+        return np.array([], dtype=str)
+    return _map_unique(np.asarray(ops["op"]), lambda raw: parse_op(raw).value, str)
 
 
 def op_classes(kinds: np.ndarray) -> np.ndarray:
     """``OpClass`` value of each canonical op name."""
-    return (
-        np.array([op_class(OpType(k)).value for k in kinds], dtype=str).reshape(kinds.shape)
-        if len(kinds)
-        else np.array([], dtype=str)
-    )
+    if not len(kinds):
+        return np.array([], dtype=str)
+    return _map_unique(np.ravel(kinds), lambda k: op_class(OpType(k)).value, str).reshape(np.shape(kinds))
 
 
-def _col(ops: pd.DataFrame, name: str, default: float = 0.0) -> np.ndarray:
+def _col(ops: OpColumns, name: str, default: float = 0.0) -> np.ndarray:
     if name not in ops:
-        return np.full(len(ops), default, dtype=float)
-    return pd.to_numeric(ops[name], errors="coerce").fillna(default).to_numpy(dtype=float)
+        return np.full(_n_rows(ops), default, dtype=float)
+    column = ops[name]
+    dtype = column.dtype
+    if isinstance(dtype, np.dtype) and dtype.kind in "biuf":  # fast path, same values as the coercion below
+        values = np.asarray(column, dtype=float)
+        return np.where(np.isnan(values), default, values) if dtype.kind == "f" else values
+    return pd.to_numeric(pd.Series(column), errors="coerce").fillna(default).to_numpy(dtype=float)
 
 
-def _flag(ops: pd.DataFrame, name: str) -> np.ndarray:
+def _flag(ops: OpColumns, name: str) -> np.ndarray:
     if name not in ops:
-        return np.zeros(len(ops), dtype=bool)
-    return ops[name].map(_truthy).to_numpy(dtype=bool)
+        return np.zeros(_n_rows(ops), dtype=bool)
+    column = ops[name]
+    if column.dtype == bool:
+        return np.asarray(column)
+    return pd.Series(column).map(_truthy).to_numpy(dtype=bool)
 
 
 def _truthy(value: object) -> bool:
@@ -120,19 +144,21 @@ def _truthy(value: object) -> bool:
     return bool(value)
 
 
-def element_bytes(dtypes: pd.Series, *, activations: bool) -> np.ndarray:
+def element_bytes(dtypes: pd.Series | np.ndarray, *, activations: bool) -> np.ndarray:
     """Bytes per element of each row's tensors.
 
     With ``activations=True`` fp8 rows count 2 bytes (activations between fp8 GEMMs
     stay 16-bit); otherwise fp8 GEMM operands count 1 byte.
     """
-    sizes = dtypes.map(lambda d: DType.parse(d).bytes_per_element).to_numpy(dtype=float)
+    if not len(dtypes):
+        return np.array([], dtype=float)
+    sizes = _map_unique(np.asarray(dtypes), lambda d: DType.parse(d).bytes_per_element, float)
     if activations:
         sizes = np.maximum(sizes, 2.0)
     return sizes
 
 
-def op_flops(ops: pd.DataFrame) -> np.ndarray:
+def op_flops(ops: OpColumns) -> np.ndarray:
     """Floating-point operations of each row (see the module docstring)."""
     kind = op_kinds(ops)
     backward = _flag(ops, "backward")
@@ -144,7 +170,11 @@ def op_flops(ops: pd.DataFrame) -> np.ndarray:
     attn = attn * np.where(_flag(ops, "causal"), 0.5, 1.0)
     attn = attn * np.where(backward, ATTENTION_BACKWARD_FLOP_RATIO, 1.0)
 
-    per_elem = np.array([_VECTOR_FLOPS_PER_ELEMENT.get(OpType(o), 0.0) for o in kind], dtype=float)
+    per_elem = (
+        _map_unique(kind, lambda o: _VECTOR_FLOPS_PER_ELEMENT.get(OpType(o), 0.0), float)
+        if len(kind)
+        else np.array([], dtype=float)
+    )
     vector = per_elem * _col(ops, "rows", 1.0) * _col(ops, "cols") * np.where(backward, 2.0, 1.0)
 
     cls = op_classes(kind)
@@ -155,11 +185,11 @@ def op_flops(ops: pd.DataFrame) -> np.ndarray:
     )
 
 
-def op_memory_bytes(ops: pd.DataFrame) -> np.ndarray:
+def op_memory_bytes(ops: OpColumns) -> np.ndarray:
     """Bytes each row moves to and from device memory (collectives: their message size)."""
     kind = op_kinds(ops)
     backward = _flag(ops, "backward")
-    dtypes = ops["dtype"] if "dtype" in ops else pd.Series("bf16", index=ops.index)
+    dtypes = ops["dtype"] if "dtype" in ops else np.full(_n_rows(ops), DType.BF16.value, dtype=object)
     operand = element_bytes(dtypes, activations=False)
     act = element_bytes(dtypes, activations=True)
 

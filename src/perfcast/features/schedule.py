@@ -51,6 +51,7 @@ Rules (DESIGN.md decision 4), stated once here:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -96,9 +97,116 @@ class StepBreakdown:
 
 def exposed_time_ms(graph: WorkloadGraph, op_ms: np.ndarray) -> np.ndarray:
     """Time each node adds to its stream's critical path, ms (see the overlap rules)."""
-    overlap = graph.nodes["overlap_with"].to_numpy(dtype=int)
+    return _exposed(graph.column("overlap_with").astype(int), op_ms)
+
+
+def _exposed(overlap: np.ndarray, op_ms: np.ndarray) -> np.ndarray:
     hidden_by = np.where(overlap >= 0, op_ms[np.clip(overlap, 0, None)], 0.0)
     return np.maximum(op_ms - hidden_by, 0.0)
+
+
+class _Plan:
+    """What composing a graph needs besides the node times: masks and multiplicities, computed once."""
+
+    def __init__(self, graph: WorkloadGraph, overlap_grad_reduce: bool) -> None:
+        self.graph = graph
+        self.overlap = graph.column("overlap_with").astype(int)
+        self.repeat = graph.column("repeat").astype(float)
+        scope = graph.column("scope")
+        per_scope = graph.scope_multiplicity()
+        self.mult = np.array([per_scope[s] for s in scope], dtype=float)
+        self.kernels = self.repeat * self.mult
+        self.body = np.isin(scope, [Scope.LAYER, Scope.MOE_LAYER, Scope.STAGE])
+        self.first, self.last = scope == Scope.FIRST_STAGE, scope == Scope.LAST_STAGE
+        groups = graph.column("group")
+        self.pp_xfer = groups == Group.PP
+        self.overlap_p2p = graph.vpp > 1 and graph.pp > 1
+        self.on_stage = self.body & ~self.pp_xfer if self.overlap_p2p else self.body
+        self.comm = graph.column("stream") != COMPUTE
+        self.groups = groups
+        step = scope == Scope.STEP
+        is_optimizer = graph.column("op") == "optimizer"
+        self.dp_sync = step & ~is_optimizer
+        self.optimizer = step & is_optimizer
+        self.not_forward = graph.column("phase") != Phase.FORWARD if overlap_grad_reduce else None
+        self.overlap_grad_reduce = overlap_grad_reduce
+
+    def compose(self, op_ms: np.ndarray, host_ms_per_kernel: float) -> StepBreakdown:
+        graph = self.graph
+        exposed = _exposed(self.overlap, np.asarray(op_ms, dtype=float)) * self.repeat
+        weighted = exposed * self.mult
+        kernels = self.kernels
+
+        def total(mask: np.ndarray, values: np.ndarray = weighted) -> float:
+            return float(values[mask].sum())
+
+        body, first, last, pp_xfer, overlap_p2p = self.body, self.first, self.last, self.pp_xfer, self.overlap_p2p
+        stage_body, stage_first, stage_last = total(self.on_stage), total(first), total(last)
+        if graph.pp == 1:
+            gpu = np.array([stage_body + stage_first + stage_last])
+            busiest = body | first | last
+        else:
+            gpu = np.full(graph.pp, stage_body)
+            gpu[0] += stage_first
+            gpu[-1] += stage_last
+            busiest = body | (first if stage_first >= stage_last else last)
+        xfer = total(body & pp_xfer) if overlap_p2p else 0.0
+        exposed_xfer = np.maximum(xfer - gpu, 0.0)  # interleaved p2p: only what outlasts the compute
+        gpu = gpu + exposed_xfer
+        n_kernels = np.full(graph.pp, total(body, kernels))
+        n_kernels[0] += total(first, kernels) if graph.pp > 1 else total(first | last, kernels)
+        n_kernels[-1] += total(last, kernels) if graph.pp > 1 else 0.0
+        stages = np.maximum(gpu, n_kernels * host_ms_per_kernel)
+        slowest = int(np.argmax(stages))
+
+        m = graph.num_microbatches
+        fill_drain = (graph.pp - 1) * xfer / graph.vpp  # (pp - 1) * (t_fwd + t_bwd), see the rules
+        pipeline = m * stages.max() + (stages.sum() - stages.max()) / graph.vpp + fill_drain
+        bubble = pipeline - m * stages.max()
+
+        timed = busiest & ~pp_xfer if overlap_p2p else busiest
+        timed_comm = timed & self.comm
+        comm_ms: dict[str, float] = {}
+        for group in sorted(set(self.groups[timed_comm])):
+            comm_ms[group] = m * total(timed_comm & (self.groups == group))
+        if overlap_p2p:
+            comm_ms[Group.PP] = m * float(exposed_xfer[slowest])
+        compute_ms = m * float(stages[slowest]) - sum(comm_ms.values())  # op times plus the host stall
+
+        dp_sync = total(self.dp_sync)
+        if self.overlap_grad_reduce:
+            last_backward = total(busiest & self.not_forward)
+            dp_sync = max(0.0, dp_sync - last_backward)
+        optimizer = total(self.optimizer)
+        return StepBreakdown(
+            step_ms=float(pipeline + dp_sync + optimizer),
+            compute_ms=compute_ms,
+            bubble_ms=float(bubble),
+            dp_sync_ms=dp_sync,
+            optimizer_ms=optimizer,
+            comm_ms=comm_ms,
+            host_stall_ms=m * float(stages[slowest] - gpu[slowest]),
+        )
+
+
+def compose_steps(
+    graph: WorkloadGraph,
+    op_ms: Sequence[np.ndarray],
+    *,
+    overlap_grad_reduce: bool = False,
+    host_ms_per_kernel: float = HOST_MS_PER_KERNEL,
+) -> list[StepBreakdown]:
+    """:func:`compose_step` of one graph for several node-time arrays (e.g. median, lower and upper bounds).
+
+    The graph's masks and multiplicities are computed once for all of them, and an array
+    equal to an earlier one (bounds of a predictor without an interval) reuses its breakdown.
+    """
+    plan = _Plan(graph, overlap_grad_reduce)
+    out: list[StepBreakdown] = []
+    for i, ms in enumerate(op_ms):
+        same = next((out[j] for j in range(i) if np.array_equal(op_ms[j], ms)), None)
+        out.append(same if same is not None else plan.compose(ms, host_ms_per_kernel))
+    return out
 
 
 def compose_step(
@@ -117,69 +225,4 @@ def compose_step(
         host_ms_per_kernel: host time to issue one node's kernel, ms (the dispatch floor;
             0 turns it off).
     """
-    nodes = graph.nodes
-    repeat = nodes["repeat"].to_numpy(dtype=float)
-    exposed = exposed_time_ms(graph, np.asarray(op_ms, dtype=float)) * repeat
-    scope = nodes["scope"].to_numpy()
-    per_scope = graph.scope_multiplicity()
-    mult = np.array([per_scope[s] for s in scope], dtype=float)
-    weighted = exposed * mult
-    kernels = repeat * mult
-
-    def total(mask: np.ndarray, values: np.ndarray = weighted) -> float:
-        return float(values[mask].sum())
-
-    body = np.isin(scope, [Scope.LAYER, Scope.MOE_LAYER, Scope.STAGE])
-    first, last = scope == Scope.FIRST_STAGE, scope == Scope.LAST_STAGE
-    pp_xfer = nodes["group"].to_numpy() == Group.PP
-    overlap_p2p = graph.vpp > 1 and graph.pp > 1
-    on_stage = body & ~pp_xfer if overlap_p2p else body
-    stage_body, stage_first, stage_last = total(on_stage), total(first), total(last)
-    if graph.pp == 1:
-        gpu = np.array([stage_body + stage_first + stage_last])
-        busiest = body | first | last
-    else:
-        gpu = np.full(graph.pp, stage_body)
-        gpu[0] += stage_first
-        gpu[-1] += stage_last
-        busiest = body | (first if stage_first >= stage_last else last)
-    xfer = total(body & pp_xfer) if overlap_p2p else 0.0
-    exposed_xfer = np.maximum(xfer - gpu, 0.0)  # interleaved p2p: only what outlasts the compute
-    gpu = gpu + exposed_xfer
-    n_kernels = np.full(graph.pp, total(body, kernels))
-    n_kernels[0] += total(first, kernels) if graph.pp > 1 else total(first | last, kernels)
-    n_kernels[-1] += total(last, kernels) if graph.pp > 1 else 0.0
-    stages = np.maximum(gpu, n_kernels * host_ms_per_kernel)
-    slowest = int(np.argmax(stages))
-
-    m = graph.num_microbatches
-    fill_drain = (graph.pp - 1) * xfer / graph.vpp  # (pp - 1) * (t_fwd + t_bwd), see the rules
-    pipeline = m * stages.max() + (stages.sum() - stages.max()) / graph.vpp + fill_drain
-    bubble = pipeline - m * stages.max()
-
-    stream = nodes["stream"].to_numpy()
-    groups = nodes["group"].to_numpy()
-    timed = busiest & ~pp_xfer if overlap_p2p else busiest
-    comm_ms: dict[str, float] = {}
-    for group in sorted(set(groups[timed & (stream != COMPUTE)])):
-        comm_ms[group] = m * total(timed & (stream != COMPUTE) & (groups == group))
-    if overlap_p2p:
-        comm_ms[Group.PP] = m * float(exposed_xfer[slowest])
-    compute_ms = m * float(stages[slowest]) - sum(comm_ms.values())  # op times plus the host stall
-
-    step = scope == Scope.STEP
-    is_optimizer = nodes["op"].to_numpy() == "optimizer"
-    dp_sync = total(step & ~is_optimizer)
-    if overlap_grad_reduce:
-        last_backward = total(busiest & (nodes["phase"].to_numpy() != Phase.FORWARD))
-        dp_sync = max(0.0, dp_sync - last_backward)
-    optimizer = total(step & is_optimizer)
-    return StepBreakdown(
-        step_ms=float(pipeline + dp_sync + optimizer),
-        compute_ms=compute_ms,
-        bubble_ms=float(bubble),
-        dp_sync_ms=dp_sync,
-        optimizer_ms=optimizer,
-        comm_ms=comm_ms,
-        host_stall_ms=m * float(stages[slowest] - gpu[slowest]),
-    )
+    return _Plan(graph, overlap_grad_reduce).compose(op_ms, host_ms_per_kernel)

@@ -33,7 +33,9 @@ Layout conventions follow Megatron-LM:
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -81,6 +83,8 @@ class Group:
 
 SHAPE_COLUMNS = OP_SHAPE_COLUMNS
 NODE_COLUMNS = ("node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat", *SHAPE_COLUMNS)
+_DERIVED = {"flops": op_flops, "mem_bytes": op_memory_bytes}
+"""Node columns computed from the others: FLOPs and bytes moved to and from device memory."""
 _NON_GEMM_SHAPE = ("batch", "rows", "cols", "scalar", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal")
 """Shape fields a vector or attention op's backward keeps from its forward."""
 _CONJUGATE = {
@@ -92,9 +96,8 @@ _CONJUGATE = {
 }
 
 
-@dataclass(frozen=True)
 class WorkloadGraph:
-    """The op graph of one training step (see the module docstring).
+    """The op graph of one training step (see the module docstring). Read-only.
 
     Attributes:
         nodes: one row per op, columns ``NODE_COLUMNS`` plus ``flops`` and ``mem_bytes``
@@ -102,15 +105,59 @@ class WorkloadGraph:
         edges: ``src``, ``dst`` node ids: ``dst`` starts after ``src`` ends.
         dense_layers_per_stage, moe_layers_per_stage: layers on the busiest stage.
         num_microbatches, pp, vpp: the pipeline schedule's parameters.
+
+    ``nodes`` and ``edges`` may be given as frames, or (what :func:`build_workload_graph`
+    does) as the ``NODE_COLUMNS`` (numpy arrays) and the ``(src, dst)`` pairs: the frames,
+    ``flops`` and ``mem_bytes`` are then computed on first access, and :meth:`column` reads
+    the arrays without building the frame.
     """
 
-    nodes: pd.DataFrame
-    edges: pd.DataFrame
-    dense_layers_per_stage: int
-    moe_layers_per_stage: int
-    num_microbatches: int
-    pp: int
-    vpp: int
+    def __init__(
+        self,
+        nodes: pd.DataFrame | Mapping[str, np.ndarray],
+        edges: pd.DataFrame | Sequence[tuple[int, int]],
+        dense_layers_per_stage: int,
+        moe_layers_per_stage: int,
+        num_microbatches: int,
+        pp: int,
+        vpp: int,
+    ) -> None:
+        if isinstance(nodes, pd.DataFrame):
+            self._nodes: pd.DataFrame | None = nodes
+            self._columns: dict[str, np.ndarray] = {}
+            self.num_nodes = len(nodes)
+        else:
+            self._nodes, self._columns = None, dict(nodes)
+            self.num_nodes = len(self._columns["node"])
+        self._edges = edges
+        self.dense_layers_per_stage = dense_layers_per_stage
+        self.moe_layers_per_stage = moe_layers_per_stage
+        self.num_microbatches = num_microbatches
+        self.pp = pp
+        self.vpp = vpp
+
+    @property
+    def nodes(self) -> pd.DataFrame:
+        """One row per op (see the class docstring)."""
+        if self._nodes is None:
+            self._nodes = pd.DataFrame({name: self.column(name) for name in (*NODE_COLUMNS, *_DERIVED)})
+        return self._nodes
+
+    @property
+    def edges(self) -> pd.DataFrame:
+        """``src``, ``dst`` node ids."""
+        if not isinstance(self._edges, pd.DataFrame):
+            self._edges = pd.DataFrame(self._edges, columns=["src", "dst"], dtype="int64")
+        return self._edges
+
+    def column(self, name: str) -> np.ndarray:
+        """Node column ``name`` as a numpy array (strings as objects), cached: read it, do not modify it."""
+        if name not in self._columns:
+            if self._nodes is None and name in _DERIVED:
+                self._columns[name] = _DERIVED[name](self._columns)
+            else:
+                self._columns[name] = self.nodes[name].to_numpy()
+        return self._columns[name]
 
     def scope_multiplicity(self) -> dict[str, int]:
         """Executions of each scope per microbatch on one stage (step scope: per step)."""
@@ -152,28 +199,16 @@ class _Builder:
     def __init__(self, dtype: DType) -> None:
         self.rows: list[dict[str, Any]] = []
         self.edges: list[tuple[int, int]] = []
-        self.dtype = dtype
-        self.vector_dtype = DType.BF16 if dtype is DType.FP8 else (DType.FP32 if dtype is DType.TF32 else dtype)
+        vector_dtype = DType.BF16 if dtype is DType.FP8 else (DType.FP32 if dtype is DType.TF32 else dtype)
+        self.dtype_name, self.vector_dtype_name = dtype.value, vector_dtype.value
         self.last: int | None = None
 
     def add(self, name: str, scope: str, phase: str, op: OpType, *, chain: bool = True, **fields: Any) -> int:
         node = len(self.rows)
-        stream = "comm" if op in COLLECTIVE_OPS else "compute"
-        dtype = self.dtype if (op in GEMM_OPS or op is OpType.ATTENTION) else self.vector_dtype
-        row: dict[str, Any] = {
-            "node": node,
-            "name": name,
-            "scope": scope,
-            "phase": phase,
-            "stream": stream,
-            "group": fields.pop("group", ""),
-            "overlap_with": fields.pop("overlap_with", -1),
-            "repeat": fields.pop("repeat", 1),
-            "op": op.value,
-            "dtype": dtype.value,
-            "backward": fields.pop("backward", False),
-        }
-        row.update(fields)
+        op_name, stream, tensor = _OP_INFO[op]
+        dtype = self.dtype_name if tensor else self.vector_dtype_name
+        row: dict[str, Any] = {**_ROW_DEFAULTS, **fields, "node": node, "name": name, "scope": scope, "phase": phase,
+                               "stream": stream, "op": op_name, "dtype": dtype}  # fmt: skip
         self.rows.append(row)
         if chain and self.last is not None:
             self.edges.append((self.last, node))
@@ -181,31 +216,34 @@ class _Builder:
             self.last = node
         return node
 
-    def frame(self) -> tuple[pd.DataFrame, pd.DataFrame]:
-        nodes = pd.DataFrame(self.rows).reindex(columns=list(NODE_COLUMNS))
-        int_cols = [
-            "batch",
-            "m",
-            "n",
-            "k",
-            "rows",
-            "cols",
-            "heads",
-            "kv_heads",
-            "seq_q",
-            "seq_kv",
-            "head_dim",
-            "bytes",
-            "n_ranks",
-            "ranks_per_node",
-        ]
-        nodes[int_cols] = nodes[int_cols].fillna(0).astype("int64")
-        flags = ["scalar", "causal", "backward"]
-        nodes[flags] = nodes[flags].astype("boolean").fillna(False).astype(bool)  # all-NaN columns are float
-        nodes["flops"] = op_flops(nodes)
-        nodes["mem_bytes"] = op_memory_bytes(nodes)
-        edges = pd.DataFrame(self.edges, columns=["src", "dst"], dtype="int64")
-        return nodes, edges
+    def columns(self) -> dict[str, np.ndarray]:
+        """The ``NODE_COLUMNS`` as arrays, strings as objects."""
+        table = zip(*map(_NODE_FIELDS, self.rows), strict=True)
+        return {
+            name: np.array(values, dtype=_COLUMN_DTYPES[name]) for name, values in zip(NODE_COLUMNS, table, strict=True)
+        }
+
+
+_STRING_COLUMNS = frozenset(("name", "scope", "phase", "stream", "group", "op", "dtype"))
+_FLAG_COLUMNS = frozenset(("scalar", "causal", "backward"))
+_COLUMN_DTYPES = {
+    name: object if name in _STRING_COLUMNS else (bool if name in _FLAG_COLUMNS else np.int64) for name in NODE_COLUMNS
+}
+"""Node column types: strings, flags, and whole numbers (shapes, ids, counts)."""
+_ROW_DEFAULTS: dict[str, Any] = {
+    **{name: 0 for name, dtype in _COLUMN_DTYPES.items() if dtype is np.int64},
+    **{name: False for name in _FLAG_COLUMNS},
+    "group": "",
+    "overlap_with": -1,
+    "repeat": 1,
+}
+"""Fields of a node that ``_Builder.add`` is not given: shapes a node does not have are 0, flags False."""
+_NODE_FIELDS = itemgetter(*NODE_COLUMNS)
+_OP_INFO = {
+    op: (op.value, "comm" if op in COLLECTIVE_OPS else "compute", op in GEMM_OPS or op is OpType.ATTENTION)
+    for op in OpType
+}
+"""Per op: its name, its stream, and whether it runs in the config's dtype (GEMMs, attention) or the vector dtype."""
 
 
 @dataclass(frozen=True)
@@ -269,10 +307,9 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
     _add_embedding_backward(b, model, p, ctx)
     _add_step_ops(b, model, p, cluster)
 
-    nodes, edges = b.frame()
     return WorkloadGraph(
-        nodes=nodes,
-        edges=edges,
+        nodes=b.columns(),
+        edges=b.edges,
         dense_layers_per_stage=dense_layers,
         moe_layers_per_stage=moe_layers,
         num_microbatches=p.num_microbatches,

@@ -47,11 +47,18 @@ import pandas as pd
 
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.ops import COLLECTIVE_OPS
+from perfcast.features.ops import COLLECTIVE_OPS, op_flops, op_memory_bytes
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
-from perfcast.features.schedule import StepBreakdown, compose_step
-from perfcast.features.workload import SHAPE_COLUMNS, Phase, Scope, WorkloadGraph, build_workload_graph
+from perfcast.features.schedule import StepBreakdown, compose_steps
+from perfcast.features.workload import (
+    NODE_COLUMNS,
+    SHAPE_COLUMNS,
+    Phase,
+    Scope,
+    WorkloadGraph,
+    build_workload_graph,
+)
 
 __all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
 
@@ -168,17 +175,19 @@ class StepComposer:
         out = []
         start = 0
         for graph, scope in zip(graphs, scopes, strict=True):
-            end = start + len(graph.nodes)
+            end = start + graph.num_nodes
             keep = _in_scope(graph, scope)
             ms, lo_ms, hi_ms = (np.where(keep, a[start:end], 0.0) for a in (pred, lo, hi))
             start = end
-            breakdown = compose_step(graph, ms, overlap_grad_reduce=self.overlap_grad_reduce)
+            breakdown, lo_step, hi_step = compose_steps(
+                graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=self.overlap_grad_reduce
+            )
             out.append(
                 ComposedStep(
                     graph=graph,
                     breakdown=breakdown,
-                    step_lo_ms=compose_step(graph, lo_ms, overlap_grad_reduce=self.overlap_grad_reduce).step_ms,
-                    step_hi_ms=compose_step(graph, hi_ms, overlap_grad_reduce=self.overlap_grad_reduce).step_ms,
+                    step_lo_ms=lo_step.step_ms,
+                    step_hi_ms=hi_step.step_ms,
                     node_ms=ms,
                     node_lo_ms=lo_ms,
                     node_hi_ms=hi_ms,
@@ -190,19 +199,22 @@ class StepComposer:
         self, configs: Sequence[RunConfig], graphs: Sequence[WorkloadGraph]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pred, lo, hi) of every node of every graph, concatenated in order, ms."""
-        nodes = pd.concat([g.nodes for g in graphs], ignore_index=True)
-        sizes = [len(g.nodes) for g in graphs]
+        columns = {name: np.concatenate([g.column(name) for g in graphs]) for name in NODE_COLUMNS}
+        sizes = [g.num_nodes for g in graphs]
         clusters = [c.cluster for c in configs]
-        is_comm = nodes["op"].isin(_COLLECTIVES).to_numpy()
-        nodes["gpu"] = np.repeat([c.gpu.id for c in clusters], sizes)
+        is_comm = np.isin(columns["op"], _COLLECTIVES)
+        columns["gpu"] = np.repeat(np.array([c.gpu.id for c in clusters], dtype=object), sizes)
         # collectives timed analytically depend on the run's link figures, not on the gpu alone
-        link_key = np.repeat([_link_key(c) for c in clusters], sizes)
+        link_key = np.repeat(np.array([_link_key(c) for c in clusters], dtype=object), sizes)
         analytic_comm = is_comm & (self.collective_predictor is None)
-        nodes["link"] = np.where(analytic_comm, link_key, "")
+        columns["link"] = np.where(analytic_comm, link_key, "")
         key_cols = [*SHAPE_COLUMNS, "gpu", "link"]
-        codes, _ = pd.factorize(pd.util.hash_pandas_object(nodes[key_cols], index=False))
+        keys = pd.DataFrame({name: columns[name] for name in key_cols})
+        codes, _ = pd.factorize(pd.util.hash_pandas_object(keys, index=False))
         first = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
-        ops = nodes.iloc[first].reset_index(drop=True)
+        unique = {name: columns[name][first] for name in NODE_COLUMNS}  # one row per distinct op
+        unique["flops"], unique["mem_bytes"] = op_flops(unique), op_memory_bytes(unique)
+        ops = pd.DataFrame({**unique, "gpu": columns["gpu"][first], "link": columns["link"][first]})
         comm_u = ops["op"].isin(_COLLECTIVES).to_numpy()
 
         pred, lo, hi = np.full(len(ops), np.nan), np.full(len(ops), np.nan), np.full(len(ops), np.nan)
@@ -240,9 +252,8 @@ def _predict_collectives(model: Any, ops: pd.DataFrame, coverage: float) -> tupl
 
 def _in_scope(graph: WorkloadGraph, timing_scope: str) -> np.ndarray:
     """Nodes a measurement of ``timing_scope`` covers."""
-    nodes = graph.nodes
     if timing_scope == "step":
-        return np.ones(len(nodes), dtype=bool)
+        return np.ones(graph.num_nodes, dtype=bool)
     if timing_scope == "fwd_bwd":
-        return (nodes["scope"] != Scope.STEP).to_numpy()
-    return (nodes["phase"] == Phase.FORWARD).to_numpy()
+        return graph.column("scope") != Scope.STEP
+    return graph.column("phase") == Phase.FORWARD

@@ -96,9 +96,9 @@ def predict_steps_table(
     out["fits_memory"] = out["fits_memory"].astype(object)
     positions: list[int] = []
     configs: list[RunConfig] = []
-    for pos, (_, row) in enumerate(runs.iterrows()):
+    for pos, row in enumerate(runs.to_dict("records")):
         try:
-            configs.append(parse_run_row(row.to_dict()))
+            configs.append(parse_run_row(row))
             positions.append(pos)
         except PerfcastError as exc:
             out.iat[pos, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
