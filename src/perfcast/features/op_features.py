@@ -401,7 +401,8 @@ def _gemm_features(feats: dict[str, np.ndarray], ops: pd.DataFrame, kinds: np.nd
     for t in GEMM_TILES:
         tm, tn = np.ceil(m / t), np.ceil(n / t)
         put[f"l_waves{t}"], put[f"wave_eff{t}"] = _waves(b * tm * tn, sms)
-        put[f"tile_eff{t}"] = (m * n) / (tm * tn * t * t)
+        with np.errstate(invalid="ignore", divide="ignore"):  # non-GEMM rows (m = n = 0) are masked below
+            put[f"tile_eff{t}"] = (m * n) / (tm * tn * t * t)
     for name, values in put.items():
         feats[name] = np.where(sel, values, feats[name])
 
