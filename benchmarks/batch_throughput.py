@@ -71,6 +71,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--predictors", default=",".join(PREDICTORS), help="Comma list of: " + ", ".join(PREDICTORS))
+    parser.add_argument("--name", default="batch_throughput", help="Result file stem under benchmarks/results.")
     parser.add_argument("--child", nargs=2, metavar=("PREDICTOR", "SOURCE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -80,7 +82,7 @@ def main() -> None:
         source = Path(tmp) / "sweep.csv"
         sweep_rows(args.n).to_csv(source, index=False)
         results = []
-        for predictor in PREDICTORS:
+        for predictor in [p.strip() for p in args.predictors.split(",") if p.strip()]:
             runs = []
             for _ in range(args.repeats):
                 cmd = [sys.executable, __file__, "--child", predictor, str(source)]
@@ -91,11 +93,12 @@ def main() -> None:
                             "configs_per_s_median": statistics.median(rates), "configs_per_s_all": rates,
                             "peak_rss_mib_max": max(r["peak_rss_mib"] for r in runs)})  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "batch_throughput.json").write_text(json.dumps(results, indent=1) + "\n")
+    (OUT / f"{args.name}.json").write_text(json.dumps(results, indent=1) + "\n")
     lines = [
         "# Batch step prediction throughput",
         "",
-        f"Command: `.venv/bin/python benchmarks/batch_throughput.py --n {args.n} --repeats {args.repeats}` "
+        f"Command: `.venv/bin/python benchmarks/batch_throughput.py --n {args.n} --repeats {args.repeats} "
+        f"--predictors {args.predictors} --name {args.name}` "
         "(streaming CSV in and out, one process per run, 2 cores). Median of the runs; peak RSS is the largest.",
         "",
         "| predictor | rows | configs/s (median) | peak RSS MiB |",
@@ -104,7 +107,7 @@ def main() -> None:
     for r in results:
         lines.append(f"| {r['predictor']} | {r['rows']} | {r['configs_per_s_median']:.0f} | "
                      f"{r['peak_rss_mib_max']:.0f} |")  # fmt: skip
-    (OUT / "batch_throughput.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

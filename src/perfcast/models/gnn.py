@@ -388,6 +388,9 @@ class StepGNNRegressor(RegressorMixin, BaseEstimator):
         calibration_split_: ``"group"`` or ``"random"``; n_features_in_: node features.
     """
 
+    inputs = "graphs"
+    """What ``predict`` takes: :class:`StepGraph` samples (see :func:`step_graphs`)."""
+
     def __init__(
         self,
         *,

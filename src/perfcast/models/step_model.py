@@ -58,6 +58,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         residuals_: sorted held-out log residuals (conformal scores).
     """
 
+    inputs = "run_features"
+    """What ``predict`` takes: a run-feature frame (:func:`~perfcast.features.run_features.featurize_runs`)."""
+
     def __init__(
         self,
         *,

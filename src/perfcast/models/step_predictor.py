@@ -35,8 +35,9 @@ _STEP_COLUMNS = ("step_ms", "step_lo_ms", "step_hi_ms")
 
 
 def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[ComposedStep]) -> Any:
-    """What ``model.predict`` takes for these configs: run features, or step graphs for a GNN."""
-    if type(model).__name__ == "StepGNNRegressor":
+    """What ``model.predict`` takes for these configs: run features, or step graphs for a GNN
+    (a step model says which through its ``inputs`` class attribute)."""
+    if getattr(model, "inputs", "run_features") == "graphs":
         from perfcast.models.gnn import step_graphs
 
         return step_graphs(configs, steps)
