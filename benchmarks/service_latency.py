@@ -88,6 +88,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--op-rows", type=int, default=10)
+    parser.add_argument("--workers", type=int, default=1, help="perfcast serve worker processes")
+    parser.add_argument("--name", default="service_latency", help="Result file stem under benchmarks/results.")
     parser.add_argument("--child", metavar="URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -95,7 +97,8 @@ def main() -> None:
         return
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port), "--workers",
+                               str(args.workers)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
     try:
         _wait(url, server)
@@ -113,16 +116,18 @@ def main() -> None:
         errors = sum(not r["ok"] for r in records if r["path"] == path)
         rows.append({"endpoint": path, "requests": len(ms), "errors": errors, "p50_ms": float(np.percentile(ms, 50)),
                      "p99_ms": float(np.percentile(ms, 99))})  # fmt: skip
-    result = {"clients": args.clients, "requests_per_client": args.requests, "op_rows": args.op_rows,
-              "wall_s": wall, "requests_per_s": len(records) / wall, "endpoints": rows}  # fmt: skip
+    result = {"workers": args.workers, "clients": args.clients, "requests_per_client": args.requests,
+              "op_rows": args.op_rows, "wall_s": wall, "requests_per_s": len(records) / wall,
+              "endpoints": rows}  # fmt: skip
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "service_latency.json").write_text(json.dumps(result, indent=1) + "\n")
+    (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "# HTTP service latency under concurrent load",
         "",
         f"Command: `.venv/bin/python benchmarks/service_latency.py --clients {args.clients} --requests "
-        f"{args.requests}`: {args.clients} concurrent clients in a second process, {args.requests} requests each "
-        f"(ops batches of {args.op_rows} rows and single run rows, alternating), one uvicorn worker, 2 cores. "
+        f"{args.requests} --workers {args.workers} --name {args.name}`: {args.clients} concurrent clients in a "
+        f"second process, {args.requests} requests each (ops batches of {args.op_rows} rows and single run rows, "
+        f"alternating), {args.workers} uvicorn worker(s), 2 cores. "
         f"{len(records)} requests in {wall:.1f} s ({len(records) / wall:.1f}/s).",
         "",
         "| endpoint | requests | errors | p50 ms | p99 ms |",
@@ -130,7 +135,7 @@ def main() -> None:
         *(f"| {r['endpoint']} | {r['requests']} | {r['errors']} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} |"
           for r in rows),
     ]  # fmt: skip
-    (OUT / "service_latency.md").write_text("\n".join(lines) + "\n")
+    (OUT / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

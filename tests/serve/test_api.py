@@ -95,11 +95,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_service_over_a_real_socket() -> None:
+@pytest.mark.parametrize("workers", [1, 2])
+def test_service_over_a_real_socket(workers: int) -> None:
     import httpx
 
     port = _free_port()
-    cmd = [sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port), "--model", "analytic"]
+    cmd = [sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port), "--model", "analytic",
+           "--workers", str(workers)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
