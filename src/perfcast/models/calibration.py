@@ -25,18 +25,20 @@ corrections of the GPUs it has to any op predictor.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.ops import op_classes, op_kinds
+
+T = TypeVar("T")
 
 SHRINK_OPS = 2.0
 MIN_OPS_FOR_SPREAD = 20
@@ -244,24 +246,31 @@ class CalibratedPredictor:
         return pred, lo, hi
 
 
-def save_correction(correction: GpuCorrection, directory: str | Path) -> Path:
-    """Write ``<directory>/<gpu>.json`` (replacing an older correction of that GPU)."""
+def write_json_atomic(text: str, directory: str | Path, stem: str) -> Path:
+    """Write ``<directory>/<stem>.json`` through a temporary file (replacing an older one)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{correction.gpu}.json"
+    path = directory / f"{stem}.json"
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(correction.to_json(), encoding="utf-8")
+    tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
     return path
 
 
-def load_corrections(directory: str | Path) -> dict[str, GpuCorrection]:
-    """Every correction stored in ``directory`` (none when it does not exist), keyed by GPU id."""
+def read_json_files(directory: str | Path, parse: Callable[[str, str], T]) -> list[T]:
+    """``parse(text, path)`` of every ``*.json`` in ``directory``, by name (none when it does not exist)."""
     directory = Path(directory)
     if not directory.is_dir():
-        return {}
-    out = {}
-    for path in sorted(directory.glob("*.json")):
-        corr = GpuCorrection.from_json(path.read_text(encoding="utf-8"), where=str(path))
-        out[corr.gpu] = corr
-    return out
+        return []
+    return [parse(path.read_text(encoding="utf-8"), str(path)) for path in sorted(directory.glob("*.json"))]
+
+
+def save_correction(correction: GpuCorrection, directory: str | Path) -> Path:
+    """Write ``<directory>/<gpu>.json`` (replacing an older correction of that GPU)."""
+    return write_json_atomic(correction.to_json(), directory, correction.gpu)
+
+
+def load_corrections(directory: str | Path) -> dict[str, GpuCorrection]:
+    """Every correction stored in ``directory`` (none when it does not exist), keyed by GPU id."""
+    parsed = read_json_files(directory, lambda text, where: GpuCorrection.from_json(text, where=where))
+    return {corr.gpu: corr for corr in parsed}

@@ -29,6 +29,7 @@ import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_config import RunConfig
+from perfcast.models.calibration import read_json_files, write_json_atomic
 
 SHRINK_RUNS = 0.5
 SCHEMA_VERSION = 1
@@ -107,25 +108,13 @@ def fit_step_correction(
 
 def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
     """Write ``<directory>/<cluster>.json`` atomically (replacing an older one of that cluster)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{correction.cluster.translate(_SAFE)}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(correction.to_json(), encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return write_json_atomic(correction.to_json(), directory, correction.cluster.translate(_SAFE))
 
 
 def load_step_corrections(directory: str | Path) -> dict[str, ClusterCorrection]:
     """Every step correction stored in ``directory`` (none when it does not exist), keyed by cluster."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return {}
-    out = {}
-    for path in sorted(directory.glob("*.json")):
-        corr = ClusterCorrection.from_json(path.read_text(encoding="utf-8"), where=str(path))
-        out[corr.cluster] = corr
-    return out
+    parsed = read_json_files(directory, lambda text, where: ClusterCorrection.from_json(text, where=where))
+    return {corr.cluster: corr for corr in parsed}
 
 
 def config_cluster_key(config: RunConfig) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
@@ -45,7 +46,6 @@ def train_ops_command(
 ) -> None:
     """Train the op predictor on measured op records and save it as a bundle."""
     from perfcast.features.hardware import resolve_gpu_name
-    from perfcast.training import tracking
     from perfcast.training.train_ops import load_op_records, median_summary, train_op_predictor
 
     out = output or _default_output()
@@ -68,18 +68,9 @@ def train_ops_command(
             if track:
                 _log_model(result.bundle_path, register or None)
 
-        if track:
-            with tracking.tracked_run(experiment, run_name=out.name) as active:
-                train()
-                _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
-        else:
-            train()
+        _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
-    try:
-        run()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
+    _guarded(run)
 
 
 @train_app.command("steps")
@@ -107,7 +98,6 @@ def train_steps_command(
     from perfcast.data.tables import read_table
     from perfcast.errors import SpecError
     from perfcast.serve.predictors import load_op_predictor
-    from perfcast.training import tracking
     from perfcast.training.train_steps import load_runs, train_step_predictor
 
     out = output or Path("bundles") / f"steps-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
@@ -136,18 +126,9 @@ def train_steps_command(
             if track:
                 _log_model(result.bundle_path, register or None)
 
-        if track:
-            with tracking.tracked_run(experiment, run_name=out.name) as active:
-                train()
-                _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
-        else:
-            train()
+        _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
-    try:
-        run()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
+    _guarded(run)
 
 
 def _print_step_evaluation(evaluation) -> None:  # type: ignore[no-untyped-def]
@@ -161,6 +142,27 @@ def _print_step_evaluation(evaluation) -> None:  # type: ignore[no-untyped-def]
                       f"{100 * cov:.0f}%" if cov is not None and cov == cov else "-",
                       f"{row['spearman_mean']:.3f}")  # fmt: skip
     Console().print(table)
+
+
+def _maybe_tracked(train: Callable[[], None], *, track: bool, experiment: str, run_name: str) -> None:
+    """Run ``train`` inside an MLflow run when ``track``, else as is."""
+    if not track:
+        train()
+        return
+    from perfcast.training import tracking
+
+    with tracking.tracked_run(experiment, run_name=run_name) as active:
+        train()
+        _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
+
+
+def _guarded(run: Callable[[], None]) -> None:
+    """Run a command body; input errors print one line and exit with code 2."""
+    try:
+        run()
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 def _log_model(bundle: Path, register: str | None) -> None:
