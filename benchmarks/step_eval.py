@@ -49,13 +49,11 @@ from perfcast.models.bundle import load_bundle
 from perfcast.models.collective_model import CollectiveTimeRegressor
 from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
+    SPLITS,
     build_step_table,
     evaluate_steps,
     fit_step_model,
     load_runs,
-    split_mlperf_old_to_new,
-    split_mlperf_small_to_large,
-    split_vtrain_small_to_large,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,11 +62,6 @@ DEFAULT_BUNDLE = ROOT / "src" / "perfcast" / "models" / "default_bundle"
 OUT = ROOT / "benchmarks" / "results"
 COLLECTIVE_FILES = ("vtrain_nccl_allreduce.csv.gz", "vidur_collectives.csv.gz")
 COLLECTIVE_COLUMNS = ["op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "measured_ms"]
-SPLITS = {
-    "vtrain_small_to_large": split_vtrain_small_to_large,
-    "mlperf_small_to_large": split_mlperf_small_to_large,
-    "mlperf_old_to_new": split_mlperf_old_to_new,
-}
 
 
 def train_collective_model(data: Path) -> CollectiveTimeRegressor:
