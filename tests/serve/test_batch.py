@@ -206,3 +206,16 @@ def test_cli_models_list_and_show():
     assert data["num_layers"] == 32 and 6.5e9 < data["num_params"] < 7e9
     result = runner.invoke(app, ["models", "show", "nope-7b"])
     assert result.exit_code == 2 and result.stderr.startswith("error:")
+
+
+def test_learned_steps_flag_extrapolation_per_config():
+    from perfcast.errors import OutOfDomainWarning
+    from perfcast.serve.predictors import load_step_predictor
+
+    with pytest.warns(OutOfDomainWarning, match="out_of_domain"):
+        out = predict_steps_table(RUNS, predictor=load_step_predictor(None))
+    flags = out["out_of_domain"]
+    valid = out[ERROR_COLUMN] == ""
+    assert flags[~valid].isna().all() and flags[valid].notna().all()
+    assert flags[valid & (out["gpu"] == "h100-sxm5-80gb")].all()  # no H100 in the default op data
+    assert "out_of_domain" not in predict_steps_table(RUNS).columns  # the analytic model does not say

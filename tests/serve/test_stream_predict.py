@@ -32,3 +32,20 @@ def test_chunks_give_the_batch_answers_in_order(tmp_path: Path) -> None:
     comm = [c for c in BREAKDOWN_COLUMNS if c.startswith("comm_")]
     parts = got.loc[valid, ["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].sum(axis=1)
     np.testing.assert_allclose(parts, got.loc[valid, "step_ms"], rtol=1e-9)
+
+
+def test_a_chunk_of_only_bad_rows_keeps_the_columns(tmp_path: Path) -> None:
+    from perfcast.serve.predictors import load_op_predictor, load_step_predictor
+
+    runs = pd.DataFrame([GOOD, GOOD, {**GOOD, "tp": 5}, {**GOOD, "tp": 5}])  # second chunk all invalid
+    runs.to_csv(tmp_path / "runs.csv", index=False)
+    done = stream_predict(tmp_path / "runs.csv", tmp_path / "r.csv", "steps", load_step_predictor(None), chunk_rows=2)
+    got = pd.read_csv(tmp_path / "r.csv")
+    assert done.n_errors == 2 and got["out_of_domain"].isna().tolist() == [False, False, True, True]
+
+    ops = pd.DataFrame({"op": ["matmul", "matmul"], "m": [512, 0], "n": [512, 512], "k": [512, 512],
+                        "gpu": ["a100-sxm4-80gb"] * 2, "dtype": ["fp16"] * 2})  # fmt: skip
+    ops.to_csv(tmp_path / "ops.csv", index=False)
+    done = stream_predict(tmp_path / "ops.csv", tmp_path / "o.csv", "ops", load_op_predictor(None), chunk_rows=1)
+    got = pd.read_csv(tmp_path / "o.csv")
+    assert done.n_errors == 1 and "out_of_domain" in got.columns and len(got) == 2

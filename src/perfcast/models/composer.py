@@ -38,6 +38,7 @@ optimizer) and ``"fwd"`` (forward ops only, for inference runs).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -45,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from perfcast.errors import SpecError
+from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.ops import COLLECTIVE_OPS, op_flops, op_memory_bytes
 from perfcast.features.roofline import op_time_ms
@@ -84,6 +85,8 @@ class ComposedStep:
         node_ms, node_lo_ms, node_hi_ms: per-node time, lower and upper bound, ms (bounds
             equal ``node_ms`` where the predictor gave none); nodes outside the timing scope
             are 0.
+        out_of_domain: some node in scope lies outside the op predictor's training range
+            (its time extrapolates); False for predictors that do not say.
     """
 
     graph: WorkloadGraph
@@ -93,6 +96,7 @@ class ComposedStep:
     node_ms: np.ndarray
     node_lo_ms: np.ndarray
     node_hi_ms: np.ndarray
+    out_of_domain: bool = False
 
     @property
     def step_ms(self) -> float:
@@ -171,13 +175,14 @@ class StepComposer:
         if not configs:
             return []
         graphs = [build_workload_graph(c.model, c.parallel, c.cluster) for c in configs]
-        pred, lo, hi = self._time_nodes(configs, graphs)
+        pred, lo, hi, ood = self._time_nodes(configs, graphs)
         out = []
         start = 0
         for graph, scope in zip(graphs, scopes, strict=True):
             end = start + graph.num_nodes
             keep = _in_scope(graph, scope)
             ms, lo_ms, hi_ms = (np.where(keep, a[start:end], 0.0) for a in (pred, lo, hi))
+            extrapolates = bool((keep & ood[start:end]).any())
             start = end
             breakdown, lo_step, hi_step = compose_steps(
                 graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=self.overlap_grad_reduce
@@ -191,14 +196,16 @@ class StepComposer:
                     node_ms=ms,
                     node_lo_ms=lo_ms,
                     node_hi_ms=hi_ms,
+                    out_of_domain=extrapolates,
                 )
             )
         return out
 
     def _time_nodes(
         self, configs: Sequence[RunConfig], graphs: Sequence[WorkloadGraph]
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pred, lo, hi) of every node of every graph, concatenated in order, ms."""
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(pred, lo, hi) of every node of every graph, concatenated in order, ms, and the
+        op predictor's out-of-domain flag per node (reported per step, not warned per op)."""
         columns = {name: np.concatenate([g.column(name) for g in graphs]) for name in NODE_COLUMNS}
         sizes = [g.num_nodes for g in graphs]
         clusters = [c.cluster for c in configs]
@@ -218,10 +225,17 @@ class StepComposer:
         comm_u = ops["op"].isin(_COLLECTIVES).to_numpy()
 
         pred, lo, hi = np.full(len(ops), np.nan), np.full(len(ops), np.nan), np.full(len(ops), np.nan)
+        ood = np.zeros(len(ops), dtype=bool)
         op_cols = [c for c in ops.columns if c != "link"]
         if (~comm_u).any():
-            p, a, b = self.op_predictor.predict_ops(ops.loc[~comm_u, op_cols], coverage=self.coverage)
+            compute = ops.loc[~comm_u, op_cols]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", OutOfDomainWarning)
+                p, a, b = self.op_predictor.predict_ops(compute, coverage=self.coverage)
             pred[~comm_u], lo[~comm_u], hi[~comm_u] = p, a, b
+            flags = getattr(self.op_predictor, "out_of_domain", None)
+            if flags is not None:
+                ood[~comm_u] = np.asarray(flags(compute), dtype=bool)
         if comm_u.any() and self.collective_predictor is not None:
             p, a, b = _predict_collectives(self.collective_predictor, ops.loc[comm_u, op_cols], self.coverage)
             pred[comm_u], lo[comm_u], hi[comm_u] = p, a, b
@@ -232,7 +246,7 @@ class StepComposer:
                 pred[rows] = op_time_ms(ops.iloc[rows], by_key[key])
         lo = np.minimum(np.where(np.isnan(lo), pred, lo), pred)
         hi = np.maximum(np.where(np.isnan(hi), pred, hi), pred)
-        return pred[codes], lo[codes], hi[codes]
+        return pred[codes], lo[codes], hi[codes], ood[codes]
 
 
 def _link_key(cluster: ClusterSpec) -> str:

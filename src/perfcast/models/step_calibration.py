@@ -131,6 +131,11 @@ class CalibratedStepPredictor:
         self.corrections = dict(corrections)
         self.name = f"{getattr(base, 'name', 'model')}+calibrated"
 
+    @property
+    def flags_out_of_domain(self) -> bool:
+        """Whether the base predictor's rows carry an ``out_of_domain`` column."""
+        return bool(getattr(self.base, "flags_out_of_domain", False))
+
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """The base predictor's rows, step times and breakdown scaled on corrected clusters."""
         frame = self.base.predict_configs(configs, coverage=coverage)

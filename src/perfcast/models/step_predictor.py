@@ -28,9 +28,12 @@ from perfcast.features.run_config import RunConfig
 from perfcast.features.run_features import featurize_runs
 from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
 
-__all__ = ["COMPOSED_COLUMN", "StepPredictor", "step_model_inputs"]
+__all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "step_model_inputs"]
 
 COMPOSED_COLUMN = "composed_step_ms"
+OUT_OF_DOMAIN_COLUMN = "out_of_domain"
+"""True where a learned predictor extrapolates beyond its training GPUs or shapes (for a
+step: some op of it does)."""
 _STEP_COLUMNS = ("step_ms", "step_lo_ms", "step_hi_ms")
 
 
@@ -71,6 +74,11 @@ class StepPredictor:
         self.name = name
         self.interval = interval
 
+    @property
+    def flags_out_of_domain(self) -> bool:
+        """Whether predictions carry an ``out_of_domain`` column (the op predictor can tell)."""
+        return hasattr(self.op_predictor, "out_of_domain")
+
     @classmethod
     def analytic(cls) -> StepPredictor:
         """Roofline op times and alpha-beta collectives composed, no learning, no interval."""
@@ -81,7 +89,7 @@ class StepPredictor:
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """One row per config, in order: ``step_ms, step_lo_ms, step_hi_ms``, ``composed_step_ms``
         and the breakdown columns (``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms,
-        comm_<group>_ms``), all ms.
+        comm_<group>_ms``), all ms; ``out_of_domain`` when the op predictor flags extrapolation.
 
         Raises:
             SpecError: ``coverage`` outside (0, 1).
@@ -104,4 +112,6 @@ class StepPredictor:
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
         frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / composed, axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)
+        if self.flags_out_of_domain:
+            frame[OUT_OF_DOMAIN_COLUMN] = [s.out_of_domain for s in steps]
         return frame

@@ -23,12 +23,11 @@ from perfcast.features.memory import peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.models import analytic
+from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_COVERAGE = 0.9
-OUT_OF_DOMAIN_COLUMN = "out_of_domain"
-"""True where a learned predictor extrapolates beyond its training GPUs or shapes."""
 
 ProgressFn = Callable[[int], None]
 
@@ -94,6 +93,8 @@ def predict_steps_table(
     predictor = predictor or StepPredictor.analytic()
     out = _error_frame(runs, RUN_OUTPUT_COLUMNS)
     out["fits_memory"] = out["fits_memory"].astype(object)
+    if getattr(predictor, "flags_out_of_domain", False):  # the same columns for every batch of a predictor
+        out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     positions: list[int] = []
     configs: list[RunConfig] = []
     for pos, row in enumerate(runs.to_dict("records")):
@@ -115,6 +116,9 @@ def predict_steps_table(
         frame.index = pos
         for col in RUN_OUTPUT_COLUMNS:
             out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
+        if OUT_OF_DOMAIN_COLUMN in frame.columns:
+            out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
+            frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
         parts.append(frame.drop(columns=list(RUN_OUTPUT_COLUMNS)))
         if progress is not None:
             progress(len(chunk))
@@ -123,6 +127,14 @@ def predict_steps_table(
     n_bad = len(runs) - len(configs)
     if n_bad:
         logger.info("%d of %d rows are not valid configs; see the error column", n_bad, len(out))
+    if OUT_OF_DOMAIN_COLUMN in out.columns and out[OUT_OF_DOMAIN_COLUMN].fillna(False).any():
+        n_ood = int(out[OUT_OF_DOMAIN_COLUMN].fillna(False).sum())
+        warnings.warn(
+            f"{n_ood} of {len(configs)} configs have ops outside the op predictor's training range "
+            f"(see the {OUT_OF_DOMAIN_COLUMN} column): their step times extrapolate",
+            OutOfDomainWarning,
+            stacklevel=2,
+        )
     if breakdown and parts:
         extra = pd.concat(parts).reindex(range(len(out)))
         extra.index = out.index
@@ -217,6 +229,9 @@ def predict_ops_table(
         raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
     predictor = predictor or analytic.AnalyticOpPredictor()
     out = _error_frame(ops, OP_OUTPUT_COLUMNS)
+    flag_rows = getattr(predictor, "out_of_domain", None)
+    if flag_rows is not None:  # the same columns for every batch of a predictor, even one with no valid row
+        out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     good: list[int] = []
     for pos, (_, row) in enumerate(ops.iterrows()):
         try:
@@ -233,7 +248,6 @@ def predict_ops_table(
             pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
-        flag_rows = getattr(predictor, "out_of_domain", None)
         if flag_rows is not None:
             flags = np.asarray(flag_rows(rows), dtype=bool)
             if flags.any():
@@ -243,7 +257,6 @@ def predict_ops_table(
                     OutOfDomainWarning,
                     stacklevel=2,
                 )
-            out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
             out.iloc[good, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = flags
     if progress is not None:
         progress(len(ops))
