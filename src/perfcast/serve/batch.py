@@ -59,6 +59,8 @@ class StepPredictorLike(Protocol):
     def predict_configs(self, configs: list[RunConfig], *, coverage: float = DEFAULT_COVERAGE) -> pd.DataFrame: ...
 
 
+MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
+"""Per-GPU memory parts ``breakdown`` adds, GiB (they sum to ``peak_mem_gib``)."""
 STEP_CHUNK_ROWS = 512
 """Configs composed together: distinct ops are predicted once per chunk."""
 
@@ -169,7 +171,7 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     frame["fits_memory"] = [m.fits(c.cluster.gpu.mem_gib) for m, c in zip(memory, configs, strict=True)]
     frame["mfu"] = flops / (step_s * peak_flops)
     frame["tokens_per_s"] = tokens / step_s
-    for name in ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib"):
+    for name in MEMORY_PART_COLUMNS:
         frame[name] = [getattr(m, name) for m in memory]
     return frame
 

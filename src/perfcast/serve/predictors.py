@@ -97,12 +97,13 @@ def load_step_predictor(ref: str | None = None) -> Any:
 def load_calibrated_predictor(kind: str, ref: str | None, calibration: bool = True) -> Any:
     """The ``steps`` or ``ops`` predictor of ``ref``, with the stored calibrations applied when asked."""
     from perfcast.serve.calibrate_cmd import calibration_dir
+    from perfcast.serve.calibrate_steps_cmd import step_calibration_dir
 
     if kind == "steps":
         from perfcast.models.step_calibration import CalibratedStepPredictor, load_step_corrections
 
         steps = load_step_predictor(ref)
-        corrections = load_step_corrections(calibration_dir() / "steps") if calibration else {}
+        corrections = load_step_corrections(step_calibration_dir()) if calibration else {}
         return CalibratedStepPredictor(steps, corrections) if corrections else steps
     from perfcast.models.calibration import CalibratedPredictor, load_corrections
 
