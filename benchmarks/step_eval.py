@@ -12,9 +12,17 @@ iterations, NeuSight end-to-end latencies and MLPerf GPT-3 step times
 * ``composed+coll``: as ``composed``, collectives timed by a
   :class:`CollectiveTimeRegressor` trained on the measured NCCL tables (vTrain nccl-tests
   A100/V100, Vidur collectives);
-* ``gbdt(composed)`` and ``gbdt(composed+coll)``: :class:`StepTimeRegressor` on the run
-  features of that composition, trained on the split's training rows (sources weighted
-  equally), interval calibrated on held-out GPU-count groups.
+* ``gbdt(composed)`` and ``gbdt(composed+coll)``: :class:`StepTimeRegressor` (default
+  features: no cluster-scale feature; correction shrunk off the training hardware/model
+  range) on the run features of that composition, trained on the split's training rows
+  (sources weighted equally), interval calibrated on held-out GPU-count groups with the
+  same source weights.
+
+Measured runs are read by :func:`load_runs`, which fills what the MLPerf tables leave out:
+the interleaving depth ``vpp`` of NVIDIA's v3.1 GPT-3 configs from the configs that state
+it for the same layout, and NeMo's distributed optimizer (ZeRO-1, gradient reduce-scatter
+overlapped with the last backward). For the MLPerf small-to-large split the result also
+lists every test system with its config, each predictor and the composed breakdown.
 
 The composers are also scored on every parsed row of each source (no learning involved).
 For vTrain small-to-large the test rows are split by whether their per-GPU layout
@@ -90,6 +98,32 @@ def _layout_seen(runs: pd.DataFrame, train: np.ndarray) -> np.ndarray:
     return key.isin(set(key[train])).to_numpy()
 
 
+BREAKDOWN = ("compute_ms", "comm_tp_ms", "comm_pp_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")
+
+
+def _per_system_rows(tables: dict, test: np.ndarray, gbdt, gbdt_bounds) -> list[dict]:
+    """Per MLPerf test system (mean of its runs): config, measured, each predictor and the composed breakdown."""
+    runs = tables["composed"].runs
+    frame = runs.loc[test, ["mlperf_version", "system", "num_gpus", "tp", "pp", "dp", "vpp", "micro_batch",
+                            "global_batch", "dtype", "measured_step_ms"]].copy()  # fmt: skip
+    frame["microbatches"] = runs["global_batch"] // (runs["dp"] * runs["micro_batch"])
+    frame["imputed"] = runs.get("imputed_fields", pd.Series("", index=runs.index)).fillna("")
+    frame["analytic_ms"] = tables["analytic"].runs.loc[test, "step_ms"]
+    frame["composed_ms"] = runs.loc[test, "step_ms"]
+    frame["composed_coll_ms"] = tables["composed+coll"].runs.loc[test, "step_ms"]
+    frame["gbdt_ms"] = np.asarray(gbdt)[test]
+    frame["gbdt_lo_ms"], frame["gbdt_hi_ms"] = np.asarray(gbdt_bounds[0])[test], np.asarray(gbdt_bounds[1])[test]
+    host = np.array([s.breakdown.host_stall_ms for s in tables["composed"].steps])
+    frame["host_stall_ms"] = host[test]
+    for col in BREAKDOWN:
+        frame[col] = runs.loc[test, col] if col in runs else 0.0
+    keys = ["mlperf_version", "system", "num_gpus", "tp", "pp", "dp", "vpp", "micro_batch", "global_batch",
+            "microbatches", "dtype", "imputed"]  # fmt: skip
+    grouped = frame.groupby(keys, dropna=False, sort=False).mean(numeric_only=True).reset_index()
+    grouped = grouped.sort_values("num_gpus")
+    return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in grouped.to_dict("records")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
@@ -154,6 +188,8 @@ def main() -> None:
             bounds[name] = (interval[:, 0], interval[:, 1])
             rows[f"gbdt({name})"] = _score(base.runs, test, preds[name], *bounds[name])
         test_runs = base.runs[test]
+        if split == "mlperf_small_to_large":
+            result["mlperf_large_rows"] = _per_system_rows(tables, test, preds["composed"], bounds["composed"])
         if split == "vtrain_small_to_large":
             seen = _layout_seen(base.runs, train)
             result["vtrain_test_by_tp"] = {
@@ -235,6 +271,28 @@ def to_markdown(result: dict) -> str:
                 f"| {_fmt(m, 'p90_ape')} | {_fmt(m, 'coverage', '.0%')} | {_fmt(m, 'rel_width', '.2f')} "
                 f"| {_fmt(m, 'spearman_mean', '.3f')} ({int(m['spearman_groups'])}) "
                 f"| {_fmt(m, 'median_ratio_measured_over_pred', '.2f')} |"
+            )
+    if "mlperf_large_rows" in result:
+        lines += [
+            "",
+            "## MLPerf small-to-large: each test system (mean of its runs), ms",
+            "",
+            "GPT-3 175B, tp 4, pp 8. `imp` = fields not in the source, set by "
+            "`train_steps.impute_unstated_layout` / `apply_framework_settings` (v = vpp, z = ZeRO-1 + "
+            "overlapped gradient reduce-scatter). Breakdown of the composed step: compute (incl. host stall), "
+            "exposed tp and pp transfers, pipeline bubble, exposed dp sync, optimizer.",
+            "",
+            "| round | system | GPUs | dp | vpp | m | imp | measured | analytic | composed | comp+coll | GBDT [90%] "
+            "| compute | tp | pp | bubble | dp sync | optim |",
+            "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in result["mlperf_large_rows"]:
+            imp = "".join(flag for field, flag in (("vpp", "v"), ("zero_stage", "z")) if field in str(r["imputed"]))
+            lines.append(
+                f"| {r['mlperf_version']} | {r['system']} | {r['num_gpus']} | {r['dp']} | {r['vpp']} "
+                f"| {r['microbatches']} | {imp} | {r['measured_step_ms']:.0f} | {r['analytic_ms']:.0f} "
+                f"| {r['composed_ms']:.0f} | {r['composed_coll_ms']:.0f} | {r['gbdt_ms']:.0f} "
+                f"[{r['gbdt_lo_ms']:.0f}, {r['gbdt_hi_ms']:.0f}] " + " ".join(f"| {r[c]:.0f}" for c in BREAKDOWN) + " |"
             )
     if "vtrain_layout_overlap" in result:
         lines += [

@@ -33,7 +33,7 @@ def _ops(**overrides: object) -> pd.DataFrame:
 
 def test_version_and_columns() -> None:
     out = featurize_collectives(_ops())
-    assert COLLECTIVE_FEATURES_VERSION == 1
+    assert COLLECTIVE_FEATURES_VERSION == 2  # 2: the all-reduce tree is a chain inside a node
     assert list(out.columns[: len(COLLECTIVE_FEATURES)]) == list(COLLECTIVE_FEATURES)
     assert {"intra_link_kind", "inter_link_kind", "gpu_id"} <= set(out.columns)
     assert list(out.index) == [10, 11, 12, 13, 14]
@@ -65,8 +65,8 @@ def test_parts_add_up_and_latency_steps() -> None:
     total = out["alpha_beta_bw_ms"] + out["alpha_beta_lat_ms"]
     np.testing.assert_allclose(total, out["alpha_beta_ms"], rtol=1e-12)
     np.testing.assert_allclose(out["bw_intra_ms"] + out["bw_inter_ms"], out["alpha_beta_bw_ms"], rtol=1e-12)
-    # 8-rank all-reduce in one node: 2 * min(7 ring, log2(8)=3 tree) steps
-    assert out.loc[10, "latency_steps"] == pytest.approx(6.0)
+    # 8-rank all-reduce in one node: 2 * 7 ring steps (NCCL's tree is a chain inside a node)
+    assert out.loc[10, "latency_steps"] == pytest.approx(14.0)
     # inter-node send/recv: one fabric step, all bandwidth over the fabric
     assert out.loc[12, "latency_steps"] == pytest.approx(1.0)
     assert out.loc[12, "bw_intra_ms"] == 0.0

@@ -147,3 +147,34 @@ def test_bad_input(data: tuple[pd.DataFrame, np.ndarray], fitted: CollectiveTime
 def test_table_groups() -> None:
     X = pd.DataFrame({"gpu": ["a", "a", "b"], "cluster": ["x", None, "y"], "source": ["vidur:p", "vtrain:q", None]})
     assert list(table_groups(X)) == ["a|x|vidur", "a||vtrain", "b|y|"]
+
+
+def test_out_of_domain_rows_get_the_catalog_alpha_beta(
+    fitted: CollectiveTimeRegressor, data: tuple[pd.DataFrame, np.ndarray]
+) -> None:
+    X, _ = data
+    assert not fitted.out_of_domain(X).any()
+    big = pd.DataFrame(
+        {"op": ["allreduce", "allreduce", "reducescatter", "allreduce"], "bytes": [2**24, 2**24, 2**24, 2**45],
+         "n_ranks": [4, 256, 4, 4], "ranks_per_node": [4, 8, 4, 4], "dtype": "fp16", "gpu": "h100-sxm5-80gb"}
+    )  # fmt: skip
+    ood = fitted.out_of_domain(big)
+    assert ood.tolist() == [False, True, True, True]  # in domain; too many ranks and nodes; unseen kind; too large
+    c = ClusterSpec.build("h100-sxm5-80gb", 256, 8)
+    alpha_beta_ms = 1e3 * collective_time_s(
+        np.array(["allreduce"]), np.array([2.0**24]), np.array([256]), np.array([8]),
+        intra_bw_gbps=c.intra_node_bw_gbps, inter_bw_gbps=c.inter_node_bw_gbps,
+        intra_latency_us=c.intra_node_latency_us, inter_latency_us=c.inter_node_latency_us,
+    )  # fmt: skip
+    pred, interval = fitted.predict_with_interval(big)
+    assert pred[1] == pytest.approx(alpha_beta_ms[0], rel=1e-9)
+    assert (interval[:, 0] <= pred).all() and (pred <= interval[:, 1]).all()
+
+
+def test_domain_survives_save_and_load(fitted: CollectiveTimeRegressor, tmp_path) -> None:
+    meta = json.loads(json.dumps(fitted._save_to(tmp_path)))
+    loaded = CollectiveTimeRegressor._load_from(tmp_path, meta)
+    probe = pd.DataFrame({"op": ["allreduce"] * 2, "bytes": [2**20] * 2, "n_ranks": [8, 512],
+                          "ranks_per_node": [8, 8], "dtype": "fp16", "gpu": "a100-sxm4-80gb"})  # fmt: skip
+    np.testing.assert_array_equal(loaded.out_of_domain(probe), fitted.out_of_domain(probe))
+    np.testing.assert_array_equal(loaded.predict_interval(probe), fitted.predict_interval(probe))

@@ -9,7 +9,7 @@ from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_features import RUN_FEATURE_SPEC
-from perfcast.models.step_model import StepTimeRegressor
+from perfcast.models.step_model import DEFAULT_FEATURES, SCALE_FEATURES, StepTimeRegressor
 from perfcast.training.metrics import mape
 
 SMALL = {"n_estimators": 60, "max_depth": 3, "n_jobs": 1}
@@ -102,3 +102,23 @@ def test_bad_inputs_are_refused():
         StepTimeRegressor(**SMALL).fit(X, y, groups=np.zeros(len(y)))
     with pytest.raises(SpecError, match="coverage"):
         StepTimeRegressor(**SMALL).fit(X, y, groups=groups).predict_interval(X, coverage=1.0)
+
+
+def test_default_features_leave_out_the_cluster_scale(fitted):
+    model, _, _ = fitted
+    assert model.feature_names_ == DEFAULT_FEATURES
+    assert not set(SCALE_FEATURES) & set(DEFAULT_FEATURES)
+    assert set(SCALE_FEATURES) | set(DEFAULT_FEATURES) == set(RUN_FEATURE_SPEC.columns)
+
+
+def test_interval_weighs_residuals_like_the_fit():
+    """A small noisy source weighted like a large clean one widens the interval; unweighted it hardly counts."""
+    X, y, groups = _data(n=400, seed=3)
+    noisy = np.arange(len(y)) < 40
+    y = y * np.exp(np.where(noisy, np.random.default_rng(4).normal(0.0, 0.3, len(y)), 0.0))
+    weights = np.where(noisy, len(y) / (2 * noisy.sum()), len(y) / (2 * (~noisy).sum()))
+    plain = StepTimeRegressor(**SMALL).fit(X, y, groups=groups)
+    balanced = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, sample_weight=weights)
+    assert balanced.residual_weights_.sum() == pytest.approx(1.0)
+    width = {name: np.diff(m.predict_interval(X[:5]), axis=1).mean() for name, m in (("p", plain), ("b", balanced))}
+    assert width["b"] > 1.5 * width["p"]

@@ -50,7 +50,8 @@ __all__ = [
     "intra_link_kind",
 ]
 
-COLLECTIVE_FEATURES_VERSION = 1
+COLLECTIVE_FEATURES_VERSION = 2
+"""Bumped when a feature changes meaning (2: NCCL's all-reduce tree is a chain inside a node)."""
 
 # Stable integer codes (saved models depend on them: append, never reorder).
 COLLECTIVE_CODES: dict[str, int] = {

@@ -25,6 +25,17 @@ The learned part is a small XGBoost regression of :math:`\log(t / t_{phys})` on 
 collective features (:data:`RESIDUAL_FEATURES`); prediction is
 :math:`t_{phys} \exp(f(x))`, inverted in one place (:meth:`CollectiveTimeRegressor._predict_log`).
 
+Domain: the measured tables are single nodes and pairs of nodes (2-16 ranks) timing
+all-reduce and send/recv. A query outside what the model was fitted on -- a collective
+kind it never saw, more than twice the ranks or nodes of any training row of that kind, a
+message size beyond twice that kind's training range, or a link group (scale-up or
+fabric kind) with no training rows -- is *out of domain* (:meth:`~CollectiveTimeRegressor.out_of_domain`):
+its residual booster would extrapolate on features it never saw vary (a data-parallel
+all-reduce over 256 nodes is not a 2-node one with larger numbers). Such rows get the
+catalog alpha-beta time (``alpha_beta_ms``, which carries the scaling in ranks and nodes)
+and an interval from the quantiles of ``log(measured / alpha_beta)`` over the training
+rows (the catalog formula has no fitted parameter, so these residuals are out of sample).
+
 Interval: the exchangeable unit is the measured table, a (gpu, cluster) pair. ``fit``
 refits the whole model leaving one GPU out at a time (>= 3 GPUs; otherwise K-fold
 out-of-fold rows), collects the held-out log residuals, weights every table equally and
@@ -87,6 +98,8 @@ RESIDUAL_FEATURES: tuple[str, ...] = (
 _LEVELS = np.linspace(0.0, 1.0, 401)
 _MIN_INV_EFF = 0.02  # efficiency <= 50x the catalog bandwidth
 _HUBER_K = 0.2  # relative residual beyond which a row is down-weighted
+_LOG_BYTES_SLACK = np.log(2.0)  # message sizes within 2x of the training range count as in domain
+_SCALE_SLACK = 2.0  # so do groups of up to 2x the most ranks and nodes (train <= 4 ranks -> 8: see collective_eval)
 
 
 def table_groups(X: pd.DataFrame) -> np.ndarray:
@@ -149,6 +162,21 @@ def _robust_nnls(A: np.ndarray, y: np.ndarray, w: np.ndarray, lower: np.ndarray,
     return theta
 
 
+def _domain(F: pd.DataFrame) -> dict[str, Any]:
+    """Training domain of featurised rows: per collective code its extent, and the link groups with traffic."""
+    collectives = {}
+    for code, part in F.groupby("collective_code"):
+        collectives[str(int(code))] = {
+            "max_n_ranks": float(part["n_ranks"].max()),
+            "max_nodes": float(part["nodes"].max()),
+            "min_log_bytes": float(part["log_bytes"].min()),
+            "max_log_bytes": float(part["log_bytes"].max()),
+        }
+    intra, inter, _ = _physics_groups(F)
+    groups = set(intra[F["bw_intra_ms"].to_numpy() > 0]) | set(inter[F["bw_inter_ms"].to_numpy() > 0])
+    return {"collectives": collectives, "link_groups": sorted(groups)}
+
+
 def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, levels: np.ndarray) -> np.ndarray:
     order = np.argsort(values)
     v, w = values[order], weights[order]
@@ -170,7 +198,10 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
     Fitted attributes: ``physics_`` {group: (inv_efficiency, step_latency_ms)} including
     ``"pooled"``, ``launch_ms_``, ``booster_``, ``residual_quantiles_`` (log residuals at
     ``_LEVELS``), ``groups_seen_``, ``feature_spec_version_``, ``calibration_`` (how the
-    residuals were obtained), ``n_features_in_``.
+    residuals were obtained), ``n_features_in_``, ``domain_`` (per collective code: most
+    ranks and nodes, smallest and largest log message size; and the link groups seen)
+    and ``alpha_beta_quantiles_`` (``log(measured / alpha_beta)`` at ``_LEVELS``, the
+    interval of out-of-domain rows).
     """
 
     def __init__(
@@ -240,6 +271,10 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
         gpus = F["gpu_id"].to_numpy(dtype=str)
 
         self._fit_core(F, y_arr, sw, groups)
+        self.domain_ = _domain(F)
+        self.alpha_beta_quantiles_ = _weighted_quantiles(
+            np.log(y_arr) - np.log(F["alpha_beta_ms"].to_numpy(dtype=float)), self._table_weights(groups, sw), _LEVELS
+        )
         if self.calibrate:
             resid, weight, how = self._held_out_residuals(F, y_arr, sw, groups, gpus, rng)
             self.calibration_ = how
@@ -372,15 +407,47 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
         with np.errstate(divide="ignore"):
             return np.log(phys) + np.asarray(resid, dtype=float)
 
+    def _out_of_domain(self, F: pd.DataFrame) -> np.ndarray:
+        """Featurised rows outside the training domain (see the module docstring)."""
+        domain = self.domain_
+        out = np.ones(len(F), dtype=bool)
+        code = F["collective_code"].to_numpy(dtype=float)
+        for key, box in domain["collectives"].items():
+            rows = code == float(key)
+            out[rows] = (
+                (F["n_ranks"].to_numpy()[rows] > _SCALE_SLACK * box["max_n_ranks"])
+                | (F["nodes"].to_numpy()[rows] > _SCALE_SLACK * box["max_nodes"])
+                | (F["log_bytes"].to_numpy()[rows] < box["min_log_bytes"] - _LOG_BYTES_SLACK)
+                | (F["log_bytes"].to_numpy()[rows] > box["max_log_bytes"] + _LOG_BYTES_SLACK)
+            )
+        intra, inter, _ = _physics_groups(F)
+        seen = set(domain["link_groups"])
+        uses_intra = F["bw_intra_ms"].to_numpy() > 0
+        uses_inter = F["bw_inter_ms"].to_numpy() > 0
+        out |= uses_intra & ~np.isin(intra, list(seen))
+        out |= uses_inter & ~np.isin(inter, list(seen))
+        return out
+
+    def out_of_domain(self, X: pd.DataFrame) -> np.ndarray:
+        """Rows of ``X`` the model times with the catalog alpha-beta formula (module docstring)."""
+        check_is_fitted(self, "booster_")
+        return self._out_of_domain(featurize_collectives(X))
+
     def predict_physics(self, X: pd.DataFrame) -> np.ndarray:
         """The fitted alpha-beta part alone (no learned residual), ms."""
         check_is_fitted(self, "booster_")
         return self._physics_ms(featurize_collectives(X))
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
-        """Median collective time of each row, ms (0 for one-rank groups)."""
+        """Median collective time of each row, ms (0 for one-rank groups; alpha-beta out of domain)."""
         check_is_fitted(self, "booster_")
-        return np.exp(self._predict_log(featurize_collectives(X)))
+        return self._predict_routed(featurize_collectives(X))[0]
+
+    def _predict_routed(self, F: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """(median ms, out-of-domain mask) of featurised rows."""
+        ood = self._out_of_domain(F)
+        learned = np.exp(self._predict_log(F))
+        return np.where(ood, F["alpha_beta_ms"].to_numpy(dtype=float), learned), ood
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
         """``(n, 2)`` array of [lo, hi] ms with ``lo <= predict(X) <= hi``.
@@ -395,9 +462,12 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
         check_is_fitted(self, "booster_")
         if not 0 < coverage < 1:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
-        pred = self.predict(X)
-        q = np.interp([(1 - coverage) / 2, (1 + coverage) / 2], _LEVELS, self.residual_quantiles_)
-        lo, hi = min(q[0], 0.0), max(q[1], 0.0)
+        pred, ood = self._predict_routed(featurize_collectives(X))
+        levels = [(1 - coverage) / 2, (1 + coverage) / 2]
+        q_in = np.interp(levels, _LEVELS, self.residual_quantiles_)
+        q_out = np.interp(levels, _LEVELS, self.alpha_beta_quantiles_)
+        lo = np.where(ood, min(q_out[0], 0.0), min(q_in[0], 0.0))
+        hi = np.where(ood, max(q_out[1], 0.0), max(q_in[1], 0.0))
         return pred, np.column_stack([pred * np.exp(lo), pred * np.exp(hi)])
 
     @property
@@ -429,6 +499,8 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
             "residual_levels": _LEVELS.tolist(),
             "residual_quantiles": [float(v) for v in self.residual_quantiles_],
             "groups_seen": list(self.groups_seen_),
+            "domain": self.domain_,
+            "alpha_beta_quantiles": [float(v) for v in self.alpha_beta_quantiles_],
             "calibration": self.calibration_,
             "booster_file": BOOSTER_FILE,
         }
@@ -459,6 +531,8 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
             model.physics_ = {g: (float(v[0]), float(v[1])) for g, v in meta["physics"].items()}
             model.residual_quantiles_ = np.asarray(meta["residual_quantiles"], dtype=float)
             model.groups_seen_ = list(meta["groups_seen"])
+            model.domain_ = dict(meta["domain"])
+            model.alpha_beta_quantiles_ = np.asarray(meta["alpha_beta_quantiles"], dtype=float)
             model.calibration_ = str(meta["calibration"])
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"collective model metadata is incomplete or invalid: {exc!r}") from None

@@ -11,19 +11,45 @@ link rate, framework overhead) as a log ratio (DESIGN.md decision 1):
 ``X`` is a run-feature frame (:func:`perfcast.features.run_features.featurize_runs`);
 ``t_composed = exp(X["log_composed_step_ms"])``.
 
+Features: by default every run feature except those that grow with the cluster
+(:data:`SCALE_FEATURES`: GPU and node counts, data-parallel degree, global batch,
+microbatch count). A tree splits on a threshold and cannot extrapolate: on a cluster
+larger than any training run a scale feature puts every such row in the leaf of the
+largest training cluster, and a split on it learned among small clusters is a guess
+at a larger one. How the step scales with the cluster is the composer's job (its
+breakdown fractions are still features); the booster corrects what does not scale.
+
+Out of domain: a row on hardware or a model unlike any training run (a GPU faster than
+any seen, a model shape never trained on) gets a correction the trees learned elsewhere.
+With ``shrink_out_of_domain`` the correction is shrunk toward the composed step by its
+extrapolation distance ``d`` (:meth:`StepTimeRegressor.extrapolation_distance`: per used
+descriptor of :data:`DOMAIN_FEATURES`, how far the row lies beyond the training range in
+units of that range, at most 1 per descriptor, summed): ``f(x) / (1 + d)``; the interval
+widens by the same factor (below). Layout and breakdown features are not checked: a
+larger data-parallel group shifts the breakdown fractions a little past their training
+range on every scale-up, which is the extrapolation the composer is there to carry.
+
 Interval: split-conformal at the level of groups. ``fit(X, y, groups=...)`` holds each
 group out in turn (at most ``n_calibration_folds`` folds of whole groups), fits a booster
 on the other groups and records the held-out log residuals
-``r = log(t_measured) - log(\\hat t)``; the final booster is then fit on all rows. The
+``r = log(t_measured) - log(\\hat t)`` (with the shrinkage, the normalised score
+``r / (1 + d)``, ``d`` measured against the fold's own training rows); the final booster
+is then fit on all rows. The
 ``coverage`` interval is ``\\hat t \\cdot \\exp([q_{(1-c)/2}(r), q_{(1+c)/2}(r)])``, quantiles
-of the pooled held-out residuals (with the finite-sample ``(n+1)`` correction), so it
-widens monotonically with ``coverage``. Grouping by cluster size makes the residuals
-those of extrapolating to a cluster size not seen in training, which is how the model is
-used; without ``groups`` every row is its own group (plain K-fold).
+of the pooled held-out residuals, each weighted by its row's ``sample_weight`` (so a
+small source that the fit weighs like a large one also counts as much in the interval;
+with equal weights these are the plain split-conformal quantiles), with the
+finite-sample correction ``(n_eff+1)/n_eff`` at the effective sample size
+``n_eff = 1/sum(w^2)`` of the normalised weights, so it widens monotonically with
+``coverage``; a row at extrapolation distance ``d`` gets the quantiles times ``1 + d``.
+Grouping by cluster size makes the residuals those of extrapolating to a
+cluster size not seen in training, which is how the model is used; without ``groups``
+every row is its own group (plain K-fold).
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Self
 
@@ -35,9 +61,25 @@ from sklearn.utils.validation import check_is_fitted
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_features import COMPOSED_STEP_COLUMN, RUN_FEATURE_SPEC, RUN_FEATURE_SPEC_VERSION
 
-__all__ = ["StepTimeRegressor"]
+__all__ = ["DEFAULT_FEATURES", "DOMAIN_FEATURES", "SCALE_FEATURES", "StepTimeRegressor"]
 
 BOOSTER_FILE = "step_gbdt.ubj"
+SCALE_FEATURES: tuple[str, ...] = ("dp", "log2_global_batch", "log2_num_gpus", "num_nodes", "log2_num_microbatches")
+"""Run features that grow with the cluster; left out of the default feature set (see the module docstring)."""
+DEFAULT_FEATURES: tuple[str, ...] = tuple(c for c in RUN_FEATURE_SPEC.columns if c not in SCALE_FEATURES)
+"""The columns a :class:`StepTimeRegressor` uses when ``features`` is ``None``."""
+DOMAIN_FEATURES: tuple[str, ...] = (
+    "peak_tflops", "mem_bw_gbps", "sm_count", "l2_cache_mib", "intra_node_bw_gbps", "inter_node_bw_gbps",
+    "log2_hidden", "num_layers", "log2_seq_len", "log10_params", "head_dim", "ffn_ratio", "is_moe", "gated_mlp",
+)  # fmt: skip
+"""Hardware and model descriptors whose distance beyond the training range shrinks the correction."""
+
+
+def _ranges(data: np.ndarray) -> np.ndarray:
+    """``(2, n_features)``: NaN-aware minimum and maximum of each column (NaN for all-NaN columns)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.vstack([np.nanmin(data, axis=0), np.nanmax(data, axis=0)])
 
 
 class StepTimeRegressor(RegressorMixin, BaseEstimator):
@@ -47,8 +89,10 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         n_estimators, max_depth, learning_rate, subsample, colsample_bytree,
             min_child_weight, reg_lambda: XGBoost hyperparameters.
         n_calibration_folds: most folds of whole groups for the conformal residuals.
-        features: columns of ``X`` to use; ``None`` uses every column of
-            :data:`~perfcast.features.run_features.RUN_FEATURE_SPEC`.
+        features: columns of ``X`` to use; ``None`` uses :data:`DEFAULT_FEATURES`
+            (the run features without :data:`SCALE_FEATURES`).
+        shrink_out_of_domain: shrink the correction of rows outside the training range
+            and widen their interval (see the module docstring).
         random_state: seed of the booster's row and column sampling and the fold split.
         n_jobs: XGBoost threads (step tables are small: one thread avoids OpenMP spin costs on busy machines).
 
@@ -56,6 +100,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         booster_: the XGBoost booster fitted on all rows.
         feature_names_: the columns used, in order.
         residuals_: sorted held-out log residuals (conformal scores).
+        residual_weights_: weight of each residual (its row's sample weight), summing to 1.
+        domain_features_: the used features of :data:`DOMAIN_FEATURES`, in order.
+        feature_ranges_: ``(2, len(domain_features_))`` training minimum and maximum of each.
     """
 
     inputs = "run_features"
@@ -73,6 +120,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         reg_lambda: float = 1.0,
         n_calibration_folds: int = 5,
         features: tuple[str, ...] | None = None,
+        shrink_out_of_domain: bool = True,
         random_state: int = 0,
         n_jobs: int = 1,
     ) -> None:
@@ -85,6 +133,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.reg_lambda = reg_lambda
         self.n_calibration_folds = n_calibration_folds
         self.features = features
+        self.shrink_out_of_domain = shrink_out_of_domain
         self.random_state = random_state
         self.n_jobs = n_jobs
 
@@ -117,6 +166,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         if len(unique) < 2:
             raise SpecError(f"need at least 2 groups for the held-out calibration, got {len(unique)}")
         data = X.loc[:, names].to_numpy(dtype=float)
+        check = np.isin(names, DOMAIN_FEATURES)
         rng = np.random.default_rng(self.random_state)
         fold_of_group = rng.permutation(len(unique)) % min(self.n_calibration_folds, len(unique))
         folds = fold_of_group[np.searchsorted(unique, labels)]
@@ -124,9 +174,15 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         for k in np.unique(folds):
             held = folds == k
             booster = self._train(data[~held], target[~held], weights[~held])
-            residuals[held] = target[held] - self._raw(booster, data[held])
+            scale = 1.0 + self._distance(data[held][:, check], _ranges(data[~held][:, check]))
+            residuals[held] = (target[held] - self._raw(booster, data[held]) / scale) / scale
+        order = np.argsort(residuals, kind="stable")
         self.feature_names_ = names
-        self.residuals_ = np.sort(residuals)
+        self.residuals_ = residuals[order]
+        total = weights.sum()
+        self.residual_weights_ = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
+        self.domain_features_ = tuple(names[i] for i in np.flatnonzero(check))
+        self.feature_ranges_ = _ranges(data[:, check])
         self.booster_ = self._train(data, target, weights)
         self.n_features_in_ = len(names)
         return self
@@ -134,7 +190,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
     def _feature_names(self, X: Any) -> tuple[str, ...]:
         if not isinstance(X, pd.DataFrame):
             raise SpecError(f"X must be a DataFrame of run features, got {type(X).__name__}")
-        names = tuple(self.features) if self.features is not None else RUN_FEATURE_SPEC.columns
+        names = tuple(self.features) if self.features is not None else DEFAULT_FEATURES
         missing = [c for c in (*names, COMPOSED_STEP_COLUMN) if c not in X.columns]
         if missing:
             raise SpecError(f"X lacks run-feature columns {missing}")
@@ -172,35 +228,57 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
 
     # ------------------------------------------------------------------------ predict
 
-    def _log_pred(self, X: pd.DataFrame) -> np.ndarray:
+    def _data(self, X: pd.DataFrame) -> np.ndarray:
         check_is_fitted(self, "booster_")
         self._feature_names(X)
         missing = [c for c in self.feature_names_ if c not in X.columns]
         if missing:
             raise SpecError(f"X lacks run-feature columns {missing}")
-        data = X.loc[:, list(self.feature_names_)].to_numpy(dtype=float)
-        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + self._raw(self.booster_, data)
+        return X.loc[:, list(self.feature_names_)].to_numpy(dtype=float)
+
+    def _distance(self, data: np.ndarray, ranges: np.ndarray) -> np.ndarray:
+        """Extrapolation distance of each row of ``data`` from ``ranges`` (0 without shrinkage)."""
+        if not self.shrink_out_of_domain:
+            return np.zeros(len(data))
+        lo, hi = ranges
+        span = np.where(hi > lo, hi - lo, np.maximum(np.abs(hi), 1.0))
+        with np.errstate(invalid="ignore"):
+            excess = np.maximum(np.maximum(data - hi, lo - data), 0.0) / span
+        return np.minimum(np.nan_to_num(excess, nan=0.0), 1.0).sum(axis=1)
+
+    def extrapolation_distance(self, X: pd.DataFrame) -> np.ndarray:
+        """Per row: summed distance beyond the training range of the used :data:`DOMAIN_FEATURES`, each in
+        units of its range and at most 1 (0 inside the range, NaN ignored; 0 without ``shrink_out_of_domain``)."""
+        return self._distance(X.loc[:, list(self.domain_features_)].to_numpy(dtype=float), self.feature_ranges_)
+
+    def _log_pred(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """``log`` of the median step time, ms, and the interval scale ``1 + d`` per row."""
+        data = self._data(X)
+        scale = 1.0 + self.extrapolation_distance(X)
+        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + self._raw(self.booster_, data) / scale, scale
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         """Median step time, ms."""
-        return np.exp(self._log_pred(X))
+        return np.exp(self._log_pred(X)[0])
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
         """``(n, 2)`` lower and upper bounds of the ``coverage`` interval, ms."""
         if not 0.0 < coverage < 1.0:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
-        log_pred = self._log_pred(X)
+        log_pred, scale = self._log_pred(X)
         lo_q, hi_q = self._residual_bounds(coverage)
-        return np.column_stack([np.exp(log_pred + lo_q), np.exp(log_pred + hi_q)])
+        return np.column_stack([np.exp(log_pred + lo_q * scale), np.exp(log_pred + hi_q * scale)])
 
     def _residual_bounds(self, coverage: float) -> tuple[float, float]:
-        """Conformal quantiles of the held-out log residuals, widened by ``(n+1)/n``."""
-        r = self.residuals_
-        n = len(r)
+        """Weighted conformal quantiles of the held-out log residuals (see the module docstring)."""
+        r, w = self.residuals_, self.residual_weights_
+        n_eff = 1.0 / float(np.sum(w**2))
         tail = (1.0 - coverage) / 2.0
-        lo_level = np.floor(tail * (n + 1)) / n
-        hi_level = min(1.0, np.ceil((1.0 - tail) * (n + 1)) / n)
-        lo, hi = np.quantile(r, [lo_level, hi_level], method="inverted_cdf")
+        lo_level = max(0.0, (tail * (n_eff + 1.0) - 1.0) / n_eff)
+        hi_level = min(1.0, (1.0 - tail) * (n_eff + 1.0) / n_eff)
+        cdf = np.cumsum(w)
+        pick = np.searchsorted(cdf, [lo_level, hi_level], side="left").clip(0, len(r) - 1)
+        lo, hi = r[pick]
         return float(min(lo, 0.0)), float(max(hi, 0.0))
 
     # ------------------------------------------------------------------------ persistence
@@ -216,6 +294,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "run_feature_spec_version": RUN_FEATURE_SPEC_VERSION,
             "feature_names": list(self.feature_names_),
             "residuals": self.residuals_.tolist(),
+            "residual_weights": self.residual_weights_.tolist(),
+            "domain_features": list(self.domain_features_),
+            "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "booster_file": BOOSTER_FILE,
         }
 
@@ -237,6 +318,16 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             model = cls(**params)
             model.feature_names_ = tuple(meta["feature_names"])
             model.residuals_ = np.asarray(meta["residuals"], dtype=float)
+            # bundles saved before weighted residuals and ranges: equal weights, no range (never shrunk)
+            weights = meta.get("residual_weights")
+            model.residual_weights_ = (
+                np.full(len(model.residuals_), 1.0 / len(model.residuals_))
+                if weights is None
+                else np.asarray(weights, dtype=float)
+            )
+            model.domain_features_ = tuple(meta.get("domain_features", ()))
+            n = len(model.domain_features_)
+            model.feature_ranges_ = np.array(meta.get("feature_ranges", [[], []]), dtype=float).reshape(2, n)
             file = path / meta["booster_file"]
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"step model metadata in {path} is malformed: {exc!r}") from None
