@@ -8,9 +8,10 @@ baselines, the coverage and relative width of the 90% interval, the medians over
 and the time to fit on all rows (median of ``--repeats``).
 
 It also writes the few-shot curve: the held-out GPU's MAPE on its other ops after a
-correction (:func:`perfcast.models.calibration.fit_correction`: shrunk shift plus the
-shape-dependent residual model) fitted on k = 5, 20, 100 of its measured ops, picked spread
-over the shapes as ``perfcast calibrate`` sweeps them.
+correction (:func:`perfcast.models.calibration.fit_correction`: shrunk shift, trend in log
+FLOPs and intensity, and the shape-dependent residual model) fitted on k = 5, 20, 100 of its
+measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` sweeps them,
+and uniformly at random from the GPU's ops.
 
 Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
 """
@@ -33,6 +34,7 @@ from perfcast.training.evaluate import evaluate_logo, evaluation_class, few_shot
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
+FEW_SHOT_DESIGNS = ("spread", "random")
 FILES = {
     "neusight-gemm": "neusight_kernels_gemm.csv.gz",
     "neusight-vector": "neusight_kernels_vector.csv.gz",
@@ -77,8 +79,12 @@ def main() -> None:
         fit_s.append(time.perf_counter() - start)
 
     summary = logo.summary().reset_index()
-    few = few_shot_curve(logo.predictions, records)
-    few_median = few.groupby(["eval_class", "k"])["mape"].median().unstack("k")
+    few = pd.concat(
+        [few_shot_curve(logo.predictions, records, design=d).assign(design=d) for d in FEW_SHOT_DESIGNS],
+        ignore_index=True,
+    )
+    few_median = {d: few[few["design"] == d].groupby(["eval_class", "k"])["mape"].median().unstack("k")
+                  for d in FEW_SHOT_DESIGNS}  # fmt: skip
     result = {
         "sources": args.sources.split(","),
         "rows": len(records),
@@ -86,7 +92,10 @@ def main() -> None:
         "per_gpu": logo.table.to_dict("records"),
         "median_over_gpus": summary.to_dict("records"),
         "few_shot_per_gpu": few.to_dict("records"),
-        "few_shot_median_mape": {str(c): {int(k): float(v) for k, v in r.items()} for c, r in few_median.iterrows()},
+        "few_shot_median_mape": {
+            d: {str(c): {int(k): float(v) for k, v in r.items()} for c, r in frame.iterrows()}
+            for d, frame in few_median.items()
+        },
         "fit_all_rows_s_median": statistics.median(fit_s),
         "logo_total_s": logo_s,
     }
@@ -96,9 +105,12 @@ def main() -> None:
         f"# Op predictor, leave-one-GPU-out ({', '.join(result['sources'])}; {len(records)} rows)\n\n"
         f"Command: `.venv/bin/python benchmarks/op_logo.py --sources {args.sources} --name {args.name}`\n\n"
         + markdown_table(logo)
-        + "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops; k measured ops of the "
-        "held-out GPU spread over the shapes; shift plus Gaussian-process residual, `models/calibration.py`):\n\n"
-        + _markdown(few_median)
+        + "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops, median of 5 draws; k "
+        "measured ops of the held-out GPU; shrunk shift, trend in log FLOPs and intensity, Gaussian-process "
+        "residual, `models/calibration.py`). k ops spread over the shapes, as `perfcast calibrate` sweeps them:\n\n"
+        + _markdown(few_median["spread"])
+        + "\n\nk ops drawn at random from the GPU's ops:\n\n"
+        + _markdown(few_median["random"])
         + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
     )
     (OUT / f"{args.name}.md").write_text(text)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import pytest
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.models.calibration import (
+    MIN_OPS_FOR_SLOPES,
     MIN_OPS_FOR_SPREAD,
     CalibratedPredictor,
     GpuCorrection,
@@ -84,6 +86,36 @@ def test_residual_model_corrects_a_shape_dependent_error_and_round_trips() -> No
     assert with_shape < 0.6 * shift_only
     assert GpuCorrection.from_json(corr.to_json()).log_factors(query) == pytest.approx(corr.log_factors(query))
 
+    few = fit_correction("t4", train[:MIN_OPS_FOR_SLOPES - 1], np.exp(law(train[:MIN_OPS_FOR_SLOPES - 1])),
+                         np.ones(MIN_OPS_FOR_SLOPES - 1))  # fmt: skip
+    assert "trend_slopes" not in few.residual["gemm"]  # too few ops for a trend
     far = _gemms(np.array([[1, 1, 1]]))  # no measured op nearby: the shift alone
-    assert corr.log_factors(far)[0] == pytest.approx(corr.shifts["gemm"], abs=1e-3)
+    assert few.log_factors(far)[0] == pytest.approx(few.shifts["gemm"], abs=5e-3)
     assert corr.log_factors(pd.DataFrame({"op": ["add"], "rows": [4], "cols": [4], "gpu": "t4"}))[0] == 0.0
+
+
+def test_trend_follows_a_size_law_and_is_held_flat_outside_the_measured_range() -> None:
+    rng = np.random.default_rng(1)
+    train = _gemms(np.exp(rng.uniform(np.log(64), np.log(2048), size=(20, 3))).astype(int))
+    flops = 2.0 * train["m"] * train["n"] * train["k"]
+    law = 0.05 * (np.log(flops) - np.log(flops).mean())  # efficiency falls 5% per e-fold of FLOPs
+    corr = fit_correction("t4", train, np.exp(law), np.ones(len(train)))
+    gp = corr.residual["gemm"]
+    assert 0 < gp["trend_slopes"][0] <= 0.05 + 1e-9  # the GP carries the rest of the smooth law
+    inside = _gemms(np.array([[512, 512, 512]]))
+    expected = 0.05 * (np.log(2.0 * 512**3) - np.log(flops).mean())
+    assert corr.log_factors(inside)[0] == pytest.approx(expected, abs=0.05)
+    huge, largest = _gemms(np.array([[10**6, 10**6, 10**6]])), _gemms(np.array([[2048, 2048, 2048]]))
+    assert corr.log_factors(huge)[0] < 0.05 * (np.log(2.0 * 2048**3) - np.log(flops).mean()) + 0.05
+    assert abs(corr.log_factors(huge)[0]) < 1.0 and np.isfinite(corr.log_factors(largest)[0])
+
+
+def test_schema_2_corrections_still_apply() -> None:
+    v2 = {"schema_version": 2, "gpu": "t4", "shifts": {"gemm": 0.1}, "n_ops": {"gemm": 1}, "spread": {},
+          "model": "", "created_utc": "", "residual": {"gemm": {
+              "kinds": ["matmul"], "x": [[0.0, np.log(64), np.log(64), np.log(64)]], "alpha": [1.0],
+              "length_scale": 1.5, "prior_var": 0.1}}}  # fmt: skip
+    corr = GpuCorrection.from_json(json.dumps(v2))
+    at_point, far = _gemms(np.array([[64, 64, 64]])), _gemms(np.array([[1, 1, 1]]))
+    assert corr.log_factors(at_point)[0] == pytest.approx(0.1 + 0.1 * 1.0)
+    assert corr.log_factors(far)[0] == pytest.approx(0.1, abs=1e-3)

@@ -26,7 +26,7 @@ from perfcast.models.op_model import (
     DEFAULT_LAUNCH_MS,
     POOLED,
     OpTimeRegressor,
-    _random_effect_quantiles,
+    _random_effect_abs_quantile,
     _split_gpu_shifts,
     weighted_quantile,
 )
@@ -270,15 +270,24 @@ def test_gpu_shifts_split_off_each_gpus_median():
     np.testing.assert_allclose(centred, [-0.1, 0.0, 0.1, -0.1, 0.0, 0.1], atol=1e-12)
 
 
-def test_random_effect_interval_is_a_t_predictive_and_widens_with_gpu_disagreement():
+def test_random_effect_interval_is_a_symmetric_t_predictive_and_widens_with_gpu_disagreement():
     from scipy import stats
 
     shifts = np.array([-0.2, 0.0, 0.1, 0.3])
-    lo, hi = _random_effect_quantiles(shifts, np.zeros(1), np.ones(1), (0.05, 0.95))
+    q = _random_effect_abs_quantile(shifts, np.zeros(1), np.ones(1), 0.9)
     scale = shifts.std(ddof=1) * np.sqrt(1 + 1 / 4)
-    assert hi == pytest.approx(shifts.mean() + scale * stats.t.ppf(0.95, 3), abs=1e-5)
-    assert lo == pytest.approx(shifts.mean() - scale * stats.t.ppf(0.95, 3), abs=1e-5)
+    t3 = stats.t(3, loc=shifts.mean(), scale=scale)
+    assert t3.cdf(q) - t3.cdf(-q) == pytest.approx(0.9, abs=1e-5)
     spread = np.linspace(-0.1, 0.1, 101)
-    narrow = _random_effect_quantiles(shifts / 4, spread, np.ones(101), (0.05, 0.95))
-    wide = _random_effect_quantiles(shifts, spread, np.ones(101), (0.05, 0.95))
-    assert wide[0] < narrow[0] < 0 < narrow[1] < wide[1]
+    narrow = _random_effect_abs_quantile(shifts / 4, spread, np.ones(101), 0.9)
+    wide = _random_effect_abs_quantile(shifts, spread, np.ones(101), 0.9)
+    assert 0 < narrow < wide
+    assert _random_effect_abs_quantile(shifts, spread, np.ones(101), 0.5) < wide
+
+
+def test_gpu_level_interval_is_symmetric_in_log_time(fitted, data):
+    X, _ = data
+    if fitted.interval_kind_["gemm"] != "gpu":
+        pytest.skip("fixture trained on too few GPUs for a GPU-level interval")
+    q_lo, q_hi = fitted.residual_quantiles("gemm", 0.9)
+    assert q_lo == pytest.approx(-q_hi) and q_hi > 0

@@ -18,7 +18,7 @@ from perfcast.data.tables import read_table  # noqa: E402
 from perfcast.errors import SpecError  # noqa: E402
 from perfcast.serve.batch import predict_ops_table  # noqa: E402
 from perfcast.serve.cli import app  # noqa: E402
-from perfcast.serve.dask_predict import predict_table_dask  # noqa: E402
+from perfcast.serve.dask_predict import dask_client, predict_table_dask  # noqa: E402
 from perfcast.serve.predictors import load_op_predictor  # noqa: E402
 
 
@@ -58,3 +58,8 @@ def test_unknown_kind_and_file_type_are_named(tmp_path: Path) -> None:
         predict_table_dask(tmp_path / "a.csv", "x")
     with pytest.raises(SpecError, match=".json"):
         predict_table_dask(tmp_path / "a.json", "steps")
+
+
+def test_unreachable_scheduler_is_named() -> None:
+    with pytest.raises(SpecError, match="tcp://127.0.0.1:9"), dask_client("tcp://127.0.0.1:9", timeout_s=1):
+        pass

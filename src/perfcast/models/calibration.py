@@ -7,12 +7,19 @@ estimate both, per op class:
 
 * ``shift = median(log(measured / predicted)) * k / (k + SHRINK_OPS)`` for ``k`` ops, shrunk
   toward zero when ``k`` is small;
-* a Gaussian-process residual on top: the log residuals minus the shift, smoothed over the
-  log dimensions of the op (:data:`RESIDUAL_DIMS`) with a squared-exponential kernel of
-  length :data:`LENGTH_SCALE` that only links ops of the same kind. Far from every
-  measured op it falls back to the shift; near one, it follows that op's residual.
-  For a row ``x``: ``log factor = shift + sum_j PRIOR_VAR * k(x, x_j) * alpha_j`` with
-  ``alpha = (K + NOISE_VAR I)^-1 (r - shift)``;
+* with at least :data:`MIN_OPS_FOR_SLOPES` ops, a trend on top: slopes of the log residual
+  in the op's log FLOPs and log arithmetic intensity (:data:`SLOPE_TERMS`, centred on the
+  measured ops, held flat outside their range, Gaussian prior of variance
+  :data:`SLOPE_PRIOR_VAR`), since an unseen GPU's error grows with the op's size (its
+  sustained clock and bandwidth differ from the datasheet);
+* a Gaussian-process residual on top: the log residuals minus shift and trend, smoothed over
+  the log dimensions of the op (:data:`RESIDUAL_DIMS`) and its log intensity with a
+  squared-exponential kernel of length :data:`LENGTH_SCALE` that only links ops of the same
+  kind. Far from every measured op it falls back to shift and trend; near one, it follows
+  that op's residual. For a row ``x`` with trend inputs ``u``:
+  ``log factor = shift + (u - u_0) . beta + sum_j PRIOR_VAR * k(x, x_j) * alpha_j`` with
+  ``beta = (U' A^-1 U + I / SLOPE_PRIOR_VAR)^-1 U' A^-1 (r - shift)``,
+  ``alpha = A^-1 (r - shift - U beta)`` and ``A = PRIOR_VAR K + NOISE_VAR I``;
 * with at least ``MIN_OPS_FOR_SPREAD`` ops of a class, the interval becomes the empirical
   spread of the leave-one-out residuals of that correction on that GPU (a within-GPU
   interval: the GPU is no longer unseen), otherwise the model's own interval is scaled
@@ -36,14 +43,14 @@ import numpy as np
 import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
-from perfcast.features.ops import op_classes, op_kinds
+from perfcast.features.ops import op_classes, op_flops, op_kinds, op_memory_bytes
 
 T = TypeVar("T")
 
 SHRINK_OPS = 2.0
 MIN_OPS_FOR_SPREAD = 20
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)  # version 1 files have no residual model: shift only
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)  # 1: shift only; 2: GP over log dims, no trend
 
 RESIDUAL_DIMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -55,16 +62,25 @@ RESIDUAL_DIMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 )
 """Op-table columns whose natural logs place an op in the residual model's space (a missing
 column counts as 1: ``batch`` of a plain matmul)."""
-LENGTH_SCALE = 1.5
-"""Kernel length in natural-log units of the dims: ops within a factor ~4 in every dim share
+LENGTH_SCALE = 2.5
+"""Kernel length in natural-log units of the dims: ops within a factor ~10 in every dim share
 most of their residual."""
 PRIOR_VAR = 0.1
 """Prior variance of the shape-dependent log residual (a ~30% spread around the shift)."""
 NOISE_VAR = 0.05
 """Variance of a single measured op's log residual around the smooth residual: timing noise
-and shape effects finer than the kernel. LENGTH_SCALE, PRIOR_VAR and NOISE_VAR are one global
-choice from a 3x3 grid scored on the leave-one-GPU-out few-shot curve (median over GPUs,
-k = 20; the grid's spread was about 1 MAPE point), never per GPU."""
+and shape effects finer than the kernel. LENGTH_SCALE, PRIOR_VAR, NOISE_VAR, the GP inputs and
+the trend terms are one global choice from a grid (3 lengths x 3 variance pairs x 4 input sets x 3
+trend sets) scored on the leave-one-GPU-out few-shot curve of NeuSight fp32 (median over GPUs,
+k = 20, spread and random picks; the grid's spread was about 2 MAPE points), never per GPU."""
+SLOPE_TERMS = ("log_flops", "log_intensity")
+"""Trend inputs: natural logs of the op's FLOPs and of FLOPs per byte (both floored at 1)."""
+SLOPE_PRIOR_VAR = 0.01
+"""Prior variance of each trend slope (log residual per natural-log unit)."""
+MIN_OPS_FOR_SLOPES = 10
+"""Fewer measured ops of a class fit no trend: at k = 5 the slopes over-fit (GEMM MAPE +2 points)."""
+GP_INPUTS = ("dims", "log_intensity")
+"""What places an op in the GP's space: its log dims, then its log intensity."""
 
 
 @dataclass(frozen=True)
@@ -114,7 +130,7 @@ class GpuCorrection:
             out[m] = shift
             gp = self.residual.get(cls)
             if gp:
-                out[m] += _gp_mean(gp, log_dims(ops.loc[m], cls), kinds[m])
+                out[m] += _gp_mean(gp, ops.loc[m], cls, kinds[m])
         return out
 
 
@@ -132,14 +148,37 @@ def log_dims(ops: pd.DataFrame, cls: str) -> np.ndarray:
     return np.column_stack(cols) if cols else np.empty((len(ops), 0))
 
 
+def _op_logs(ops: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Natural logs of each row's FLOPs and of its FLOPs per byte (both counts floored at 1)."""
+    log_flops = np.log(np.maximum(op_flops(ops), 1.0))
+    return {"log_flops": log_flops, "log_intensity": log_flops - np.log(np.maximum(op_memory_bytes(ops), 1.0))}
+
+
+def gp_inputs(ops: pd.DataFrame, cls: str, inputs: tuple[str, ...] = GP_INPUTS) -> np.ndarray:
+    """(n, d) coordinates of the rows in the GP's space: ``"dims"`` (:func:`log_dims`) and/or log terms."""
+    logs = _op_logs(ops) if set(inputs) - {"dims"} else {}
+    cols = [log_dims(ops, cls) if name == "dims" else logs[name][:, None] for name in inputs]
+    return np.column_stack(cols) if cols else np.empty((len(ops), 0))
+
+
+def _trend_inputs(ops: pd.DataFrame, terms: tuple[str, ...]) -> np.ndarray:
+    logs = _op_logs(ops)
+    return np.column_stack([logs[t] for t in terms]) if terms else np.empty((len(ops), 0))
+
+
 def _kernel(xa: np.ndarray, ka: np.ndarray, xb: np.ndarray, kb: np.ndarray, length_scale: float) -> np.ndarray:
     """Squared-exponential kernel over log dims, zero between ops of different kinds: (len(xa), len(xb))."""
     d2 = ((xa[:, None, :] - xb[None, :, :]) ** 2).sum(-1)
     return np.exp(-d2 / (2 * length_scale**2)) * (ka[:, None] == kb[None, :])
 
 
-def _gp_mean(gp: Mapping[str, Any], x: np.ndarray, kinds: np.ndarray) -> np.ndarray:
-    """The residual model's log correction (over the shift) at rows ``x`` (0 where a dim is NaN)."""
+def _gp_mean(gp: Mapping[str, Any], ops: pd.DataFrame, cls: str, kinds: np.ndarray) -> np.ndarray:
+    """The residual model's log correction over the shift: trend plus GP (0 where an input is NaN).
+
+    ``gp`` is the JSON form of :func:`_fit_gp`; one written by schema version 2 has no
+    ``inputs`` (log dims only) and no trend.
+    """
+    x = gp_inputs(ops, cls, tuple(gp.get("inputs", ("dims",))))
     points = np.asarray(gp["x"], dtype=float).reshape(-1, x.shape[1])
     alpha = np.asarray(gp["alpha"], dtype=float)
     ok = np.isfinite(x).all(axis=1)
@@ -147,15 +186,38 @@ def _gp_mean(gp: Mapping[str, Any], x: np.ndarray, kinds: np.ndarray) -> np.ndar
     if ok.any() and len(alpha):
         k = _kernel(x[ok], kinds[ok], points, np.asarray(gp["kinds"], dtype=str), float(gp["length_scale"]))
         out[ok] = float(gp["prior_var"]) * k @ alpha
+    terms = tuple(gp.get("trend_terms", ()))
+    if terms:
+        u = np.clip(_trend_inputs(ops, terms), gp["trend_lo"], gp["trend_hi"])  # held flat outside
+        u = u - np.asarray(gp["trend_centre"], dtype=float)
+        out[ok] += u[ok] @ np.asarray(gp["trend_slopes"], dtype=float)
     return out
 
 
-def _fit_gp(x: np.ndarray, kinds: np.ndarray, r: np.ndarray) -> tuple[dict[str, Any], np.ndarray]:
-    """GP of the centred log residuals ``r`` at ``x``: its JSON form and the leave-one-out residuals."""
+def _fit_gp(x: np.ndarray, kinds: np.ndarray, r: np.ndarray, u: np.ndarray | None) -> tuple[dict[str, Any], np.ndarray]:
+    """Trend and GP of the log residuals ``r`` (shift removed) at ``x``.
+
+    ``u`` (n, t) holds the trend inputs (:data:`SLOPE_TERMS`), ``None`` for no trend. Returns
+    the JSON form and the leave-one-out residuals of the GP part (the slopes held fixed).
+    """
     a = PRIOR_VAR * _kernel(x, kinds, x, kinds, LENGTH_SCALE) + NOISE_VAR * np.eye(len(r))
     inv = np.linalg.inv(a)
+    gp: dict[str, Any] = {}
+    if u is not None:
+        centre = u.mean(axis=0)
+        uc = u - centre
+        slopes = np.linalg.solve(uc.T @ inv @ uc + np.eye(u.shape[1]) / SLOPE_PRIOR_VAR, uc.T @ inv @ r)
+        r = r - uc @ slopes
+        gp = {
+            "trend_terms": list(SLOPE_TERMS),
+            "trend_centre": centre.tolist(),
+            "trend_slopes": slopes.tolist(),
+            "trend_lo": u.min(axis=0).tolist(),
+            "trend_hi": u.max(axis=0).tolist(),
+        }
     alpha = inv @ r
-    gp = {
+    gp |= {
+        "inputs": list(GP_INPUTS),
         "kinds": kinds.tolist(),
         "x": x.tolist(),
         "alpha": alpha.tolist(),
@@ -191,10 +253,11 @@ def fit_correction(
         shifts[cls] = shrunk_shift(r)
         n_ops[cls] = len(r)
         loo = r - shifts[cls]
-        x = log_dims(used.loc[m], cls)
+        x = gp_inputs(used.loc[m], cls)
         has_dims = np.isfinite(x).all(axis=1) if x.shape[1] else np.zeros(len(r), dtype=bool)
         if has_dims.any():
-            gps[cls], loo_dims = _fit_gp(x[has_dims], kinds[m][has_dims], r[has_dims] - shifts[cls])
+            u = _trend_inputs(used.loc[m][has_dims], SLOPE_TERMS) if has_dims.sum() >= MIN_OPS_FOR_SLOPES else None
+            gps[cls], loo_dims = _fit_gp(x[has_dims], kinds[m][has_dims], r[has_dims] - shifts[cls], u)
             loo[has_dims] = loo_dims
         if len(r) >= MIN_OPS_FOR_SPREAD:
             spread[cls] = np.sort(loo).tolist()

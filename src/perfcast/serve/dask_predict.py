@@ -55,17 +55,28 @@ def predict_partition(
 
 
 @contextmanager
-def dask_client(address: str, n_workers: int = 2) -> Iterator[Any]:
-    """A client of a new ``LocalCluster`` (``address="local"``) or of the scheduler at ``address``."""
+def dask_client(address: str, n_workers: int = 2, timeout_s: float = 30.0) -> Iterator[Any]:
+    """A client of a new ``LocalCluster`` (``address="local"``) or of the scheduler at ``address``.
+
+    Raises:
+        SpecError: no scheduler answers at ``address`` within ``timeout_s`` seconds.
+    """
     from distributed import Client, LocalCluster
 
     if address == LOCAL:
         with LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=None,
                           host="127.0.0.1", processes=True) as cluster, Client(cluster) as client:  # fmt: skip
             yield client
-    else:
-        with Client(address, timeout="30s") as client:
-            yield client
+        return
+    try:
+        client = Client(address, timeout=f"{timeout_s}s")
+    except (OSError, TimeoutError) as exc:
+        raise SpecError(
+            f"--dask={address!r}: no Dask scheduler answered within {timeout_s:g} s ({exc}); "
+            f"allowed: '{LOCAL}' or a scheduler address such as tcp://host:8786"
+        ) from None
+    with client:
+        yield client
 
 
 def predict_table_dask(

@@ -43,8 +43,15 @@ def train_ops_command(
     ),
     n_estimators: int = typer.Option(400, "--n-estimators", help="Boosting rounds per op class."),
     max_rows_per_gpu: int = typer.Option(40_000, "--max-rows-per-gpu", help="Training rows sampled per GPU."),
+    dask: str | None = typer.Option(
+        None, "--dask", help="Train the boosters on Dask (xgboost.dask): 'local' (a LocalCluster) or an address."
+    ),
 ) -> None:
-    """Train the op predictor on measured op records and save it as a bundle."""
+    """Train the op predictor on measured op records and save it as a bundle.
+
+    With ``--dask`` every booster (the op classes' and the interval's inner folds) trains on
+    the cluster with ``xgboost.dask``; the rest runs here and the bundle is the same kind.
+    """
     from perfcast.features.hardware import resolve_gpu_name
     from perfcast.training.train_ops import load_op_records, median_summary, train_op_predictor
 
@@ -68,7 +75,15 @@ def train_ops_command(
             if track:
                 _log_model(result.bundle_path, register or None)
 
-        _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
+        if dask is None:
+            _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
+            return
+        from perfcast.models.boosting import train_on_dask
+        from perfcast.serve.dask_predict import dask_client
+
+        with dask_client(dask) as client, train_on_dask(client):
+            _err.print(f"training the boosters on Dask at {client.scheduler.address}")
+            _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
     _guarded(run)
 
