@@ -140,3 +140,33 @@ def test_fits_memory_flips_when_the_model_is_too_large():
         recompute="full",
     )
     assert sharded.fits(80)
+
+
+def test_peak_memory_table_equals_peak_memory_per_config():
+    import pandas as pd
+
+    from perfcast.features.memory import peak_memory_table
+    from perfcast.features.run_config import parse_run_table
+
+    base = {"model": "llama2-7b", "gpu": "h100-sxm5-80gb", "micro_batch": 2, "global_batch": 64}
+    rows = [
+        {**base, "dp": 8},
+        {**base, "dp": 8, "gpu": "a100-sxm4-80gb"},  # memory does not depend on the GPU
+        {**base, "tp": 2, "pp": 2, "dp": 2, "vpp": 2, "sequence_parallel": True, "recompute": "selective"},
+        {**base, "tp": 2, "pp": 2, "dp": 2, "vpp": 2, "global_batch": 8},  # fewer microbatches than in flight
+        {**base, "dp": 8, "zero_stage": 3, "recompute": "full"},
+        {**base, "dp": 8, "zero_stage": 2, "dtype": "fp32", "flash_attention": False},
+        {**base, "tp": 2, "dp": 4, "finetune": "lora", "lora_rank": 8},
+        {**base, "model": "mixtral-8x7b", "tp": 2, "pp": 2, "dp": 4, "ep": 4, "zero_stage": 1, "cp": 2,
+         "num_gpus": 32},
+    ]  # fmt: skip
+    configs = parse_run_table(pd.DataFrame(rows + rows))  # rows share their spec objects
+    got = peak_memory_table(configs)
+    for i, c in enumerate(configs):
+        expected = peak_memory(c.model, c.parallel, c.cluster)
+        assert got.loc[i, list(MemoryBreakdown.__dataclass_fields__)].tolist() == list(vars(expected).values())
+        assert got.loc[i, "peak_mem_gib"] == expected.total_gib
+        assert got.loc[i, "fits_memory"] == expected.fits(c.cluster.gpu.mem_gib)
+    assert got.loc[0, "peak_mem_gib"] == got.loc[1, "peak_mem_gib"]  # the GPU does not matter
+    assert got.loc[2, "activations_gib"] != got.loc[3, "activations_gib"]  # the microbatches in flight do
+    assert not got["fits_memory"].all() and got["fits_memory"].any()

@@ -122,3 +122,40 @@ def test_unknown_names():
         parse_run_row({"model": "gpt3-125m", "gpu": "rtx-9090"})
     with pytest.raises(UnknownEntryError, match="nope-7b"):
         parse_run_row({"model": "nope-7b", "gpu": "h100"})
+
+
+def test_parse_run_table_gives_each_rows_config_or_error():
+    import pandas as pd
+
+    from perfcast.features.run_config import parse_run_table
+
+    base = {"model": "llama2-7b", "gpu": "h100"}
+    rows = [
+        {**base, "tp": 2, "dp": 4, "global_batch": 8},
+        {**base, "tp": "abc", "seq_len": -1},  # the first bad model cell wins over the parallel one
+        {**base, "tp": 1.5},
+        {**base, "tp": 2.0, "dp": 4, "global_batch": 8},  # the same config as the first, from a float cell
+        {**base, "tp": 3},
+        {**base, "gpu": " ", "tp": 2, "dp": 4, "global_batch": 8},
+        {**base, "sequence_parallel": "maybe"},
+        {**base, "tp": 2, "sequence_parallel": "yes", "dp": 2, "global_batch": 4, "recompute": " full "},
+        {"num_layers": 2, "gpu": "h100"},
+        {"model": "gpt3-125m", "gpu": "rtx-9090"},
+        {**base, "gpu": "v100-sxm2-32gb", "dtype": "bf16"},
+        {**base, "dp": 2, "global_batch": 3},
+        {**base, "tp": 2, "num_gpus": 8, "inter_node": "ib-edr-100"},
+        {**base, "tp": 8, "pp": 2, "num_gpus": 16, "gpus_per_node": 8, "inter_node": "ib-edr-100"},
+    ]
+    table = pd.DataFrame(rows)
+    got = parse_run_table(table)
+    assert len(got) == len(rows)
+    for row, (_, cells), parsed in zip(rows, table.iterrows(), got, strict=True):
+        try:
+            expected = parse_run_row(cells.to_dict())
+        except SpecError as exc:
+            assert type(parsed) is type(exc) and str(parsed) == str(exc), row
+        else:
+            assert parsed == expected, row
+    assert got[0] is not got[3] and got[0].parallel is got[3].parallel  # one spec per distinct layout
+    assert sum(isinstance(p, SpecError) for p in got) == 10
+    assert parse_run_table(pd.DataFrame(index=range(2)))[1].args[0].startswith("missing model fields")

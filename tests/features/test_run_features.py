@@ -76,3 +76,38 @@ def test_bad_inputs_are_refused(runs):
         featurize_runs(configs, composed.drop(columns="bubble_ms"))
     with pytest.raises(SpecError, match="> 0"):
         featurize_runs(configs, composed.assign(step_ms=0.0))
+
+
+def _reference_row(c) -> dict[str, float]:
+    """The features of one config, spelled out from its specs one by one."""
+    m, p, cl = c.model, c.parallel, c.cluster
+    tokens = p.micro_batch * m.seq_len / p.cp
+    recompute = {"none": 0, "selective": 1, "full": 2}[p.recompute.value]
+    return {
+        "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep, "micro_batch": p.micro_batch,
+        "log2_num_microbatches": np.log2(p.num_microbatches), "log2_global_batch": np.log2(p.global_batch),
+        "vpp": p.vpp, "sequence_parallel": float(p.sequence_parallel and p.tp > 1), "zero_stage": p.zero_stage,
+        "recompute": recompute, "lora": float(p.finetune.value == "lora"), "dtype_bytes": p.dtype.bytes_per_element,
+        "flash_attention": float(p.flash_attention), "log2_hidden": np.log2(m.hidden_size),
+        "num_layers": m.num_layers, "layers_per_stage": m.num_layers / p.pp, "log2_seq_len": np.log2(m.seq_len),
+        "log10_params": np.log10(m.num_params), "head_dim": m.head_size, "ffn_ratio": m.ffn_size / m.hidden_size,
+        "is_moe": float(m.is_moe), "gated_mlp": float(m.gated_mlp), "peak_tflops": cl.gpu.peak_tflops(p.dtype),
+        "mem_bw_gbps": cl.gpu.mem_bw_gbps, "sm_count": cl.gpu.sm_count, "l2_cache_mib": cl.gpu.l2_cache_mib,
+        "intra_node_bw_gbps": cl.intra_node_bw_gbps, "inter_node_bw_gbps": cl.inter_node_bw_gbps,
+        "gpus_per_node": cl.gpus_per_node, "log2_num_gpus": np.log2(cl.num_gpus), "num_nodes": cl.num_nodes,
+        "tp_spans_nodes": float(p.tp > cl.gpus_per_node), "log2_tokens_per_microbatch": np.log2(tokens),
+        "log2_hidden_per_tp": np.log2(m.hidden_size / p.tp), "log2_ffn_per_tp": np.log2(m.ffn_size / p.tp),
+        "log2_layer_gflops_per_microbatch": np.log2(2.0 * tokens * m.num_params_per_layer(moe=False) / p.tp / 1e9),
+    }  # fmt: skip
+
+
+def test_column_wise_features_equal_each_configs_own():
+    from perfcast.features.run_config import parse_run_table
+
+    rows = [{**BASE, **layout} for layout in LAYOUTS]
+    rows += [{**BASE, "model": "mixtral-8x7b", "tp": 2, "dp": 4, "ep": 4, "cp": 2, "num_gpus": 16,
+              "gpu": "a100-sxm4-80gb", "zero_stage": 1, "recompute": "full", "flash_attention": False}]  # fmt: skip
+    configs = parse_run_table(pd.DataFrame(rows + rows[::-1]))  # rows share specs
+    feats = featurize_runs(configs, _composed(configs))
+    expected = pd.DataFrame([_reference_row(c) for c in configs], dtype=float)
+    pd.testing.assert_frame_equal(feats[expected.columns], expected, rtol=1e-14)

@@ -205,3 +205,54 @@ def test_compose_steps_equals_compose_step_per_array(name, overlap):
     steps = compose_steps(g, arrays, overlap_grad_reduce=overlap)
     assert steps == [compose_step(g, a, overlap_grad_reduce=overlap) for a in arrays]
     assert steps[1].step_ms < steps[0].step_ms == steps[2].step_ms < steps[3].step_ms
+
+
+def test_segment_rows_spell_the_chosen_segments():
+    from perfcast.features.schedule import segment_rows
+
+    segments = [np.array([1, 2]), np.array([3]), np.array([4, 5, 6])]
+    which = [2, 0, 2, 1]
+    rows = segment_rows([len(s) for s in segments], which)
+    np.testing.assert_array_equal(np.concatenate(segments)[rows], np.concatenate([segments[k] for k in which]))
+    assert len(segment_rows([2, 1], [])) == 0
+
+
+BODY_LAYOUTS = [
+    {},
+    {"tp": 2, "sequence_parallel": True, "dp": 2, "global_batch": 8},
+    {"pp": 2, "dp": 2, "global_batch": 8},
+    {"pp": 4, "vpp": 2, "global_batch": 8},
+    {"pp": 2, "cp": 2, "dp": 2, "zero_stage": 3, "global_batch": 4},
+    {"tp": 2, "pp": 2, "recompute": "full", "global_batch": 6},
+]
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_body_plan_equals_compose_step(overlap):
+    """Many graphs composed at once, each with its own node times and microbatch count."""
+    from perfcast.features.schedule import BodyPlan, BodyTemplate
+    from perfcast.features.workload import Scope
+
+    rng = np.random.default_rng(0)
+    graphs = [_setup(**layout)[0] for layout in BODY_LAYOUTS]
+    graphs += graphs[::-1]  # a template repeated, with other node times
+    times = [rng.uniform(0.0, 2.0, g.num_nodes) for g in graphs]
+    templates = {id(g): BodyTemplate.from_graph(g) for g in graphs}
+    plan = BodyPlan([templates[id(g)] for g in graphs], overlap_grad_reduce=overlap)
+    body = [t[g.column("scope") != Scope.STEP] for g, t in zip(graphs, times, strict=True)]
+    step = [t[g.column("scope") == Scope.STEP] for g, t in zip(graphs, times, strict=True)]
+    is_opt = [g.column("op")[g.column("scope") == Scope.STEP] == "optimizer" for g in graphs]
+    got = plan.finish(
+        plan.stages(np.concatenate(body), 0.2),  # a host floor that binds for some stages
+        np.arange(len(graphs)),
+        np.array([g.num_microbatches for g in graphs]),
+        np.array([s[~o].sum() for s, o in zip(step, is_opt, strict=True)]),
+        np.array([s[o].sum() for s, o in zip(step, is_opt, strict=True)]),
+    )
+    for i, (g, t) in enumerate(zip(graphs, times, strict=True)):
+        expected = compose_step(g, t, overlap_grad_reduce=overlap, host_ms_per_kernel=0.2)
+        assert got["step_ms"][i] == pytest.approx(expected.step_ms, rel=1e-12)
+        for name, value in expected.as_row().items():
+            assert got[name][i] == pytest.approx(value, rel=1e-12, abs=1e-12), name
+        absent = [k for k in got if k.startswith("comm_") and k.removeprefix("comm_")[:-3] not in expected.comm_ms]
+        assert all(np.isnan(got[k][i]) for k in absent)

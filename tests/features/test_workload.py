@@ -468,3 +468,60 @@ def test_column_wise_graph_equals_the_row_by_row_frame(name, monkeypatch):
                            g.num_microbatches, g.pp, g.vpp)  # fmt: skip
     np.testing.assert_array_equal(framed.column("flops"), g.column("flops"))
     assert framed.total_flops() == g.total_flops()
+
+
+def _body_rows(columns: dict) -> list[tuple]:
+    """A body's nodes as sorted tuples of every column but the node id and name (order-free);
+    ``overlap_with`` as the name of the node it names."""
+    names = [n for n in NODE_COLUMNS if n not in ("node", "name")]
+    body = columns["scope"] != "step"
+    picked = {n: np.asarray(columns[n])[body] for n in names}
+    overlap = picked["overlap_with"]
+    picked["overlap_with"] = np.where(overlap >= 0, np.asarray(columns["name"])[np.clip(overlap, 0, None)], "")
+    return sorted(zip(*(picked[n].tolist() for n in names), strict=True))
+
+
+MOE = ModelSpec(name="moe-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256,
+                num_experts=4, top_k=2)  # fmt: skip
+VARIANT_LAYOUTS = [
+    (GPT, {"tp": 2, "sequence_parallel": True, "dp": 2}),
+    (GPT, {"pp": 2, "dp": 2, "micro_batch": 2}),
+    (GPT, {"tp": 2, "pp": 2, "cp": 2, "flash_attention": False}),
+    (GPT, {"pp": 2, "dp": 4, "zero_stage": 3}),
+    (GPT, {"tp": 2, "dp": 2, "finetune": "lora", "lora_rank": 8}),
+    (MOE, {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "sequence_parallel": True}),
+]
+
+
+@pytest.mark.parametrize(("model", "fields"), VARIANT_LAYOUTS)
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_body_variant_gives_the_graphs_nodes(model, fields, recompute):
+    """A body built without recomputation (vpp 1), varied, holds the built graph's nodes."""
+    from perfcast.features.parallel import Recompute
+    from perfcast.features.workload import body_variant, replayed_nodes
+
+    fields = {**fields, "global_batch": 4 * fields.get("dp", 1) * fields.get("micro_batch", 1)}
+    base = _graph(model, **fields)
+    n = int((base.column("scope") != "step").sum())
+    nodes = {name: base.column(name)[:n] for name in NODE_COLUMNS}
+    for vpp in (1, 2) if fields.get("pp", 1) > 1 else (1,):
+        target = _graph(model, **fields, vpp=vpp, recompute=recompute)
+        source, changed = body_variant(nodes, vpp, replayed_nodes(nodes, Recompute(recompute)))
+        variant = {name: changed.get(name, nodes[name][source]) for name in NODE_COLUMNS}
+        assert _body_rows(variant) == _body_rows({name: target.column(name) for name in NODE_COLUMNS})
+
+
+def test_configs_with_one_body_key_share_their_body_nodes():
+    from perfcast.features.workload import body_structure_key
+
+    one = ParallelConfig(tp=2, pp=2, dp=2, zero_stage=0, global_batch=4)
+    other = ParallelConfig(tp=2, pp=2, dp=4, zero_stage=1, global_batch=32)  # dp, ZeRO below 3, batch differ
+    clusters = [ClusterSpec.build("h100-sxm5-80gb", p.world_size, 4) for p in (one, other)]
+    assert body_structure_key(one, 4) == body_structure_key(other, 4)
+    graphs = [build_workload_graph(GPT, p, c) for p, c in zip((one, other), clusters, strict=True)]
+    assert _body_rows({n: graphs[0].column(n) for n in NODE_COLUMNS}) == _body_rows(
+        {n: graphs[1].column(n) for n in NODE_COLUMNS}
+    )
+    assert body_structure_key(ParallelConfig(tp=2, pp=2, dp=1, global_batch=4), 4) != body_structure_key(one, 4)
+    zero3 = ParallelConfig(tp=2, pp=2, dp=2, zero_stage=3, global_batch=4)
+    assert body_structure_key(zero3, 4) != body_structure_key(one, 4)

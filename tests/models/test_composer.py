@@ -199,3 +199,58 @@ def test_batched_composition_equals_the_per_config_frame_path():
         assert step.breakdown == median
         assert (step.step_lo_ms, step.step_hi_ms) == (lo.step_ms, hi.step_ms)
     assert len({s.graph.num_nodes for s in steps}) > 5  # the configs make different graphs
+
+
+VARIED = [  # dense and MoE; vpp, cp, sp, recompute, every ZeRO stage, LoRA, fp32, unfused attention, several GPUs
+    {**BASE, "dp": 8},
+    {**BASE, "tp": 2, "pp": 2, "dp": 2, "recompute": "selective"},
+    {**BASE, "tp": 4, "pp": 2, "dp": 2, "vpp": 2, "sequence_parallel": True, "recompute": "full", "num_gpus": 16},
+    {**BASE, "tp": 2, "cp": 2, "dp": 2, "zero_stage": 1, "gpu": "h100-sxm5-80gb"},
+    {**BASE, "dp": 16, "zero_stage": 3, "num_gpus": 16, "gpus_per_node": 4},
+    {**BASE, "dp": 8, "zero_stage": 3, "recompute": "full", "gpus_per_node": 4},
+    {**BASE, "pp": 4, "dp": 2, "zero_stage": 2, "vpp": 2, "gpu": "h100-sxm5-80gb"},
+    {**BASE, "pp": 2, "dp": 4, "vpp": 4, "recompute": "selective", "global_batch": 128},
+    {**BASE, "tp": 2, "dp": 4, "finetune": "lora", "lora_rank": 16},
+    {**BASE, "tp": 2, "dp": 4, "dtype": "fp32", "flash_attention": False, "recompute": "selective"},
+    {**BASE, "model": "mixtral-8x7b", "tp": 2, "pp": 4, "dp": 4, "ep": 4, "global_batch": 64,
+     "gpu": "h100-sxm5-80gb", "sequence_parallel": True},
+    {**BASE, "model": "mixtral-8x7b", "tp": 4, "pp": 2, "dp": 4, "cp": 2, "ep": 8, "global_batch": 64, "vpp": 2,
+     "recompute": "full", "zero_stage": 1, "gpu": "h100-sxm5-80gb", "sequence_parallel": True},
+    {**BASE, "model": "llama2-7b", "tp": 8, "pp": 2, "dp": 2, "num_gpus": 32, "gpus_per_node": 8,
+     "inter_node": "ib-edr-100", "sequence_parallel": True, "zero_stage": 1},
+]  # fmt: skip
+
+
+class FlaggingSpy(SpyPredictor):
+    """The spy, flagging every GEMM with k above 4096 as out of domain."""
+
+    def out_of_domain(self, ops):
+        return (ops["op"].isin(["matmul", "linear", "bmm"]) & (ops["k"] > 4096)).to_numpy()
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("predictor", [AnalyticOpPredictor, FlaggingSpy])
+def test_compose_table_equals_composing_every_config(predictor, overlap):
+    rows = [*VARIED, *({**row, "global_batch": 2 * row["global_batch"]} for row in VARIED)]  # shared bodies
+    # bodies built for one vpp and recomputation, reused for the others
+    rows += [{**row, "recompute": r} for row in VARIED[1:4] for r in ("none", "selective", "full")]
+    rows += [{**row, "vpp": v} for row in VARIED[6:8] for v in (1, 2)]
+    configs = [parse_run_row(row) for row in rows]
+    composer = StepComposer(predictor(), overlap_grad_reduce=overlap)
+    steps = composer.compose_many(configs)
+    expected = composed_frame(steps)
+    for _ in range(2):  # the second call reuses the remembered bodies
+        got, flags = composer.compose_table(configs)
+        assert list(got.columns) == list(expected.columns)
+        np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-11, atol=1e-12)
+        assert flags.tolist() == [s.out_of_domain for s in steps]
+    assert any(s.out_of_domain for s in steps) == (predictor is FlaggingSpy)
+
+
+def test_compose_table_with_a_collective_model_and_no_configs():
+    configs = [parse_run_row(row) for row in VARIED]
+    composer = StepComposer(SpyPredictor(), DoubleCollectives())
+    got, _ = composer.compose_table(configs)
+    np.testing.assert_allclose(got.to_numpy(), composed_frame(composer.compose_many(configs)).to_numpy(), rtol=1e-11)
+    empty, flags = composer.compose_table([])
+    assert len(empty) == 0 and len(flags) == 0

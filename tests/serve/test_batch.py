@@ -219,3 +219,53 @@ def test_learned_steps_flag_extrapolation_per_config():
     assert flags[~valid].isna().all() and flags[valid].notna().all()
     assert flags[valid & (out["gpu"] == "h100-sxm5-80gb")].all()  # no H100 in the default op data
     assert "out_of_domain" not in predict_steps_table(RUNS).columns  # the analytic model does not say
+
+
+class RefusingPredictor:
+    """The analytic step predictor, refusing every batch that holds an A100 config."""
+
+    name = "refusing"
+
+    def __init__(self):
+        from perfcast.models.step_predictor import StepPredictor
+
+        self.base, self.calls = StepPredictor.analytic(), 0
+
+    def predict_configs(self, configs, coverage=0.9):
+        self.calls += 1
+        if any(c.cluster.gpu.id == "a100-sxm4-80gb" for c in configs):
+            raise SpecError("no A100 today")
+        return self.base.predict_configs(configs, coverage=coverage)
+
+
+def test_configs_a_predictor_refuses_get_its_reason_and_the_rest_answers():
+    runs = pd.DataFrame([GOOD] * 5 + [{**GOOD, "gpu": "a100-sxm4-80gb"}] + [GOOD] * 10 + [{**GOOD, "tp": 5}])
+    predictor = RefusingPredictor()
+    out = predict_steps_table(runs, predictor=predictor, breakdown=True)
+    assert out[ERROR_COLUMN].tolist() == [""] * 5 + ["no A100 today"] + [""] * 10 + [out[ERROR_COLUMN].iloc[-1]]
+    assert out[ERROR_COLUMN].iloc[-1] not in ("", "no A100 today")  # a bad row, reported before predicting
+    expected = predict_steps_table(runs.iloc[[0]])["step_ms"].iloc[0]
+    np.testing.assert_allclose(out["step_ms"].drop(index=[5, 16]), expected, rtol=1e-12)
+    assert predictor.calls < 16  # halved down to the refused config, not one call per config
+
+
+def test_steps_table_equals_the_per_config_functions():
+    """Step time, memory, MFU and tokens/s of every row, against the analytic model's per-config answers."""
+    from perfcast.features.memory import peak_memory
+
+    layouts = [{"dp": 2}, {"tp": 2, "pp": 2, "dp": 2, "vpp": 2, "num_gpus": 8, "recompute": "selective"},
+               {"pp": 2, "dp": 4, "zero_stage": 3, "recompute": "full", "num_gpus": 8},
+               {"tp": 4, "cp": 2, "sequence_parallel": True, "num_gpus": 8, "dp": 1, "global_batch": 4},
+               {"dp": 4, "zero_stage": 1, "gpu": "a100-sxm4-80gb", "num_gpus": 4}]  # fmt: skip
+    runs = pd.DataFrame([{**GOOD, **layout} for layout in layouts] + [{**GOOD, "global_batch": 7}])
+    out = predict_steps_table(runs)
+    assert out[ERROR_COLUMN].tolist()[:-1] == [""] * len(layouts) and "global_batch=7" in out[ERROR_COLUMN].iloc[-1]
+    for i, (_, row) in enumerate(runs.iloc[:-1].iterrows()):
+        config = parse_run_row(row.to_dict())
+        step = analytic.predict_step(config)
+        memory = peak_memory(config.model, config.parallel, config.cluster)
+        assert out["step_ms"].iloc[i] == pytest.approx(step.step_ms, rel=1e-12)
+        assert out["peak_mem_gib"].iloc[i] == pytest.approx(memory.total_gib, rel=1e-15)
+        assert out["fits_memory"].iloc[i] == memory.fits(config.cluster.gpu.mem_gib)
+        assert out["mfu"].iloc[i] == pytest.approx(step.mfu, rel=1e-12)
+        assert out["tokens_per_s"].iloc[i] == pytest.approx(config.tokens_per_step / step.step_ms * 1e3, rel=1e-12)

@@ -23,12 +23,18 @@ interleaved.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size
+from perfcast.features.run_config import RunConfig
 from perfcast.features.workload import trainable_params_per_rank
 
 GIB = 1024**3
@@ -91,38 +97,83 @@ def _in_flight_microbatches(p: ParallelConfig) -> float:
 
 def peak_memory(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> MemoryBreakdown:
     """Peak memory per GPU of the first pipeline stage (weights and in-flight activations)."""
-    p = parallel
-    full = trainable_params_per_rank(model, p.model_copy(update={"finetune": Finetune.FULL, "lora_rank": 0}))
-    trainable = trainable_params_per_rank(model, p)
+    inputs = _memory_inputs(model, parallel, trainable_params_per_rank, activation_bytes_per_layer)
+    parts = _memory_parts(np.array([inputs], dtype=object))
+    return MemoryBreakdown(**{name: float(values[0]) for name, values in parts.items()})
+
+
+_INPUTS = ("full_dense", "full_expert", "dense", "expert", "dp_ranks", "edp_ranks", "zero_stage", "wide", "lora",
+           "per_microbatch", "in_flight", "logits")  # fmt: skip
+"""What :func:`_memory_parts` computes memory from, per config."""
+
+
+def _memory_inputs(
+    model: ModelSpec, p: ParallelConfig, params: Callable[..., tuple[int, int]], layer_bytes: Callable[..., float]
+) -> tuple[Any, ...]:
+    """The :data:`_INPUTS` of one config, with the parameter and activation counts of ``params`` and
+    ``layer_bytes`` (:func:`trainable_params_per_rank` and :func:`activation_bytes_per_layer`, or memos of them)."""
     dp_ranks = p.dp * p.cp
-    edp_ranks = max(1, dp_ranks // p.ep)
-    wide = p.dtype in (DType.FP32, DType.TF32)
-    weight_b, grad_b, opt_b = (4.0, 4.0, 8.0) if wide else (2.0, 2.0, 12.0)
-
-    def sharded(params: tuple[int, int], stage: int) -> float:
-        dense, expert = params
-        if p.zero_stage >= stage:
-            return dense / dp_ranks + expert / edp_ranks
-        return float(dense + expert)
-
-    if p.finetune is Finetune.LORA:
-        weights = weight_b * (sum(full) + sum(trainable))
-    else:
-        weights = weight_b * sharded(full, 3)
-    grads = grad_b * sharded(trainable, 2)
-    optimizer = opt_b * sharded(trainable, 1)
-
     layers = model.num_layers // p.pp
     moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
-    per_mb = (layers - moe_layers) * activation_bytes_per_layer(model, p) + moe_layers * activation_bytes_per_layer(
-        model, p, moe=True
+    per_mb = (layers - moe_layers) * layer_bytes(model, p) + moe_layers * layer_bytes(model, p, moe=True)
+    # the logits of the one stage that also holds the loss, fp32
+    logits = 4.0 * p.micro_batch * (model.seq_len // p.cp) * padded_vocab_size(model, p.tp) / p.tp if p.pp == 1 else 0
+    return (*params(model, p, finetune=Finetune.FULL), *params(model, p), dp_ranks, max(1, dp_ranks // p.ep),
+            p.zero_stage, p.dtype in (DType.FP32, DType.TF32), p.finetune is Finetune.LORA, per_mb,
+            _in_flight_microbatches(p), logits)  # fmt: skip
+
+
+def _memory_parts(inputs: np.ndarray) -> dict[str, np.ndarray]:
+    """Memory parts in GiB (the :class:`MemoryBreakdown` fields) of configs, one row of :data:`_INPUTS` each."""
+    x = {name: inputs[:, j] for j, name in enumerate(_INPUTS)}
+    full_dense, full_expert, dense, expert = (x[n].astype(np.int64) for n in _INPUTS[:4])
+    dp_ranks, edp_ranks, zero = (x[n].astype(np.int64) for n in ("dp_ranks", "edp_ranks", "zero_stage"))
+    wide, lora = x["wide"].astype(bool), x["lora"].astype(bool)
+    weight_b, grad_b, opt_b = np.where(wide, 4.0, 2.0), np.where(wide, 4.0, 2.0), np.where(wide, 8.0, 12.0)
+
+    def sharded(dense: np.ndarray, expert: np.ndarray, stage: int) -> np.ndarray:
+        return np.where(zero >= stage, dense / dp_ranks + expert / edp_ranks, (dense + expert).astype(float))
+
+    weights = np.where(
+        lora, weight_b * ((full_dense + full_expert) + (dense + expert)), weight_b * sharded(full_dense, full_expert, 3)
     )
-    activations = per_mb * _in_flight_microbatches(p)
-    if p.pp == 1:  # the logits of the one stage that also holds the loss, fp32
-        activations += 4.0 * p.micro_batch * (model.seq_len // p.cp) * padded_vocab_size(model, p.tp) / p.tp
-    return MemoryBreakdown(
-        weights_gib=weights / GIB,
-        grads_gib=grads / GIB,
-        optimizer_gib=optimizer / GIB,
-        activations_gib=activations / GIB,
-    )
+    grads = grad_b * sharded(dense, expert, 2)
+    optimizer = opt_b * sharded(dense, expert, 1)
+    activations = x["per_microbatch"].astype(float) * x["in_flight"].astype(float) + x["logits"].astype(float)
+    return {"weights_gib": weights / GIB, "grads_gib": grads / GIB, "optimizer_gib": optimizer / GIB,
+            "activations_gib": activations / GIB}  # fmt: skip
+
+
+def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
+    """:func:`peak_memory` of each config, column-wise: the :class:`MemoryBreakdown` fields, its
+    total (``peak_mem_gib``) and ``fits_memory`` on the config's GPU.
+
+    Memory does not depend on the GPU type or the cluster; parameter and activation counts
+    are computed once per model (by identity: ``configs`` keep them alive) and layout.
+    """
+    counts: dict[tuple[object, ...], Any] = {}
+
+    def params(model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None) -> tuple[int, int]:
+        tune = finetune or p.finetune
+        key = ("params", id(model), p.tp, p.pp, p.ep, tune, p.lora_rank if tune is Finetune.LORA else 0)
+        if key not in counts:
+            counts[key] = trainable_params_per_rank(model, p, finetune=finetune)
+        return counts[key]
+
+    def layer_bytes(model: ModelSpec, p: ParallelConfig, *, moe: bool = False) -> float:
+        key = ("act", id(model), p.tp, p.cp, p.micro_batch, p.recompute, p.sequence_parallel, p.flash_attention, moe)
+        if key not in counts:
+            counts[key] = activation_bytes_per_layer(model, p, moe=moe)
+        return counts[key]
+
+    rows: dict[tuple[int, int], tuple[Any, ...]] = {}  # rows often share their spec objects
+    for c in configs:
+        key = (id(c.model), id(c.parallel))
+        if key not in rows:
+            rows[key] = _memory_inputs(c.model, c.parallel, params, layer_bytes)
+    inputs = np.array([rows[(id(c.model), id(c.parallel))] for c in configs], dtype=object).reshape(-1, len(_INPUTS))
+    out = pd.DataFrame(_memory_parts(inputs))
+    out["peak_mem_gib"] = out["weights_gib"] + out["grads_gib"] + out["optimizer_gib"] + out["activations_gib"]
+    mem_gib = np.array([c.cluster.gpu.mem_gib for c in configs], dtype=float)
+    out["fits_memory"] = out["peak_mem_gib"].to_numpy() <= USABLE_MEMORY_FRACTION * mem_gib
+    return out

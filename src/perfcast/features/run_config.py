@@ -10,15 +10,16 @@ defaults to ``tp*pp*dp*cp``. Empty cells count as absent.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pandas as pd
 from pydantic import ValidationError
 
 from perfcast.data.schema import RUN_BOOL_COLUMNS, RUN_INT_COLUMNS
 from perfcast.data.tables import RUN_COLUMNS
-from perfcast.errors import SpecError
+from perfcast.errors import PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import ParallelConfig, check_layout
@@ -92,10 +93,6 @@ def _coerce(name: str, value: Any) -> Any:
     return str(value).strip() if isinstance(value, str) else value
 
 
-def _fields(row: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    return {n: _coerce(n, row[n]) for n in names if n in row and _present(row[n])}
-
-
 def _validate(cls: type[Any], fields: dict[str, Any], where: str) -> Any:
     try:
         return cls.model_validate(fields)
@@ -115,30 +112,119 @@ def parse_run_row(row: Mapping[str, Any]) -> RunConfig:
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
-    model_fields = _fields(row, MODEL_FIELDS)
-    if "model" in row and _present(row["model"]):
-        base = ModelSpec.load(str(row["model"]).strip())
-        model = _validate(ModelSpec, {**base.model_dump(), **model_fields}, "model")
-    else:
-        missing = [f for f in ("num_layers", "hidden_size", "num_heads", "vocab_size") if f not in model_fields]
-        if missing:
-            raise SpecError(f"missing model fields {', '.join(missing)}: give them or a `model` preset/config path")
-        model = _validate(ModelSpec, model_fields, "model")
+    cells = {n: _cell(n, row[n]) for n in _CELL_FIELDS if n in row and _present(row[n])}
+    return _RowParser().parse(cells)
 
-    parallel_fields = _fields(row, PARALLEL_FIELDS)
-    parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
-    parallel = _validate(ParallelConfig, parallel_fields, "parallel")
 
-    if "gpu" not in row or not _present(row["gpu"]):
-        raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
-    cluster_fields = _fields(row, ("num_gpus", "gpus_per_node"))
-    inter_node = str(row["inter_node"]).strip() if "inter_node" in row and _present(row["inter_node"]) else None
-    cluster = ClusterSpec.build(
-        str(row["gpu"]).strip(),
-        cluster_fields.get("num_gpus", parallel.world_size),
-        cluster_fields.get("gpus_per_node"),
-        inter_node,
-    )
-    check_layout(model, parallel, cluster)
-    cluster.gpu.peak_tflops(parallel.dtype)  # the GPU must run the dtype (no bf16 on a V100)
-    return RunConfig(model=model, parallel=parallel, cluster=cluster)
+def parse_run_table(runs: pd.DataFrame) -> list[RunConfig | PerfcastError]:
+    """:func:`parse_run_row` of every row of ``runs``: its config, or the error it raises (the same one).
+
+    Cells are converted a column at a time, and rows naming the same model, cluster or
+    layout share one checked spec object, built once.
+    """
+    columns = {n: _column_cells(n, runs[n]) for n in _CELL_FIELDS if n in runs.columns}
+    parser = _RowParser()
+    out: list[RunConfig | PerfcastError] = []
+    names = list(columns)
+    rows = zip(*columns.values(), strict=True) if names else [()] * len(runs)
+    for values in rows:
+        cells = {n: v for n, v in zip(names, values, strict=True) if v is not _ABSENT}
+        try:
+            out.append(parser.parse(cells))
+        except PerfcastError as exc:
+            out.append(exc)
+    return out
+
+
+_ABSENT = object()
+"""An empty cell."""
+_CELL_FIELDS = (*MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "inter_node")
+_TEXT_FIELDS = frozenset(("model", "gpu", "inter_node"))
+"""Cells read as text (stripped), with no type of their own."""
+
+
+def _cell(name: str, value: Any) -> Any:
+    """A present cell as field ``name`` takes it, or the SpecError that names the bad value."""
+    if name in _TEXT_FIELDS:
+        return str(value).strip()
+    try:
+        return _coerce(name, value)
+    except SpecError as exc:
+        return exc
+
+
+def _column_cells(name: str, column: pd.Series) -> list[Any]:
+    """:func:`_cell` of every cell of ``column`` (:data:`_ABSENT` where empty); whole-number
+    and boolean columns convert at once."""
+    kind = column.dtype.kind
+    exact_ints = kind in "iu" and name in _INT_FIELDS and bool((column.abs() < 2**53).all())  # as float() keeps them
+    if exact_ints or (kind == "b" and name in _BOOL_FIELDS):
+        return column.tolist()
+    return [_cell(name, v) if _present(v) else _ABSENT for v in column.tolist()]
+
+
+class _RowParser:
+    """Checks rows of converted cells (:func:`_cell`) into configs, remembering the specs it builds.
+
+    Specs are keyed by their cells; errors are remembered too, so a repeated bad value
+    raises the same message again.
+    """
+
+    def __init__(self) -> None:
+        self._specs: dict[tuple[Any, ...], Any] = {}
+
+    def _memo(self, key: tuple[Any, ...], build: Callable[..., Any], *args: Any) -> Any:
+        """The spec of ``key``, ``build(*args)`` the first time; raises its error again."""
+        found = self._specs.get(key, _ABSENT)
+        if found is _ABSENT:
+            try:
+                found = build(*args)
+            except PerfcastError as exc:
+                found = exc
+            self._specs[key] = found
+        if isinstance(found, PerfcastError):
+            raise found
+        return found
+
+    def parse(self, cells: Mapping[str, Any]) -> RunConfig:
+        """The config of one row's present cells; raises the first bad cell's or rule's SpecError."""
+        model_fields = _fields(cells, MODEL_FIELDS)
+        if "model" in cells:
+            name = cells["model"]
+            model = self._memo(("model", name, *model_fields.items()), _preset_model, name, model_fields)
+        else:
+            missing = [f for f in ("num_layers", "hidden_size", "num_heads", "vocab_size") if f not in model_fields]
+            if missing:
+                raise SpecError(f"missing model fields {', '.join(missing)}: give them or a `model` preset/config path")
+            model = self._memo(("fields", *model_fields.items()), _validate, ModelSpec, model_fields, "model")
+
+        parallel_fields = _fields(cells, PARALLEL_FIELDS)
+        parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
+        key = ("parallel", *parallel_fields.items())
+        parallel = self._memo(key, _validate, ParallelConfig, parallel_fields, "parallel")
+
+        if "gpu" not in cells:
+            raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
+        cluster_fields = _fields(cells, ("num_gpus", "gpus_per_node"))
+        inter_node, gpu = cells.get("inter_node"), cells["gpu"]
+        num_gpus, per_node = cluster_fields.get("num_gpus", parallel.world_size), cluster_fields.get("gpus_per_node")
+        key = ("cluster", gpu, num_gpus, per_node, inter_node)
+        cluster = self._memo(key, ClusterSpec.build, gpu, num_gpus, per_node, inter_node)
+        check_layout(model, parallel, cluster)
+        # the GPU must run the dtype (no bf16 on a V100)
+        self._memo(("peak", cluster.gpu.id, parallel.dtype), cluster.gpu.peak_tflops, parallel.dtype)
+        return RunConfig(model=model, parallel=parallel, cluster=cluster)
+
+
+def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """The cells of ``names`` that are present; raises the first bad one's SpecError."""
+    out = {n: cells[n] for n in names if n in cells}
+    for value in out.values():
+        if isinstance(value, SpecError):
+            raise value
+    return out
+
+
+def _preset_model(name: str, overrides: dict[str, Any]) -> ModelSpec:
+    base = ModelSpec.load(name)
+    return _validate(ModelSpec, {**base.model_dump(), **overrides}, "model")

@@ -12,13 +12,16 @@ FFN/tp) tell launch-bound small GEMMs from compute-bound ones.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import DType
 from perfcast.errors import SpecError
+from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, Recompute
 from perfcast.features.run_config import RunConfig
 
@@ -46,6 +49,8 @@ _LAYOUT = (
     "dtype_bytes",
     "flash_attention",
 )
+_UNLOGGED = {"log2_num_microbatches": "num_microbatches", "log2_global_batch": "global_batch"}
+"""Layout features taken as log2 of a field."""
 _MODEL = (
     "log2_hidden",
     "num_layers",
@@ -93,38 +98,29 @@ COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
 
 
-def _config_row(c: RunConfig) -> dict[str, float]:
-    m, p, cl = c.model, c.parallel, c.cluster
-    hw = cl.gpu
-    tokens = p.micro_batch * m.seq_len / p.cp
-    layers_per_stage = m.num_layers / p.pp
-    layer_flops = 2.0 * tokens * m.num_params_per_layer(moe=False) / p.tp
+def _model_columns(m: ModelSpec) -> dict[str, float]:
+    """Features and sizes of one model (shared by every config of it)."""
     return {
-        "tp": p.tp,
-        "pp": p.pp,
-        "dp": p.dp,
-        "cp": p.cp,
-        "ep": p.ep,
-        "micro_batch": p.micro_batch,
-        "log2_num_microbatches": np.log2(p.num_microbatches),
-        "log2_global_batch": np.log2(p.global_batch),
-        "vpp": p.vpp,
-        "sequence_parallel": float(p.sequence_parallel and p.tp > 1),
-        "zero_stage": p.zero_stage,
-        "recompute": _RECOMPUTE_CODE[p.recompute],
-        "lora": float(p.finetune is Finetune.LORA),
-        "dtype_bytes": p.dtype.bytes_per_element,
-        "flash_attention": float(p.flash_attention),
         "log2_hidden": np.log2(m.hidden_size),
         "num_layers": m.num_layers,
-        "layers_per_stage": layers_per_stage,
         "log2_seq_len": np.log2(m.seq_len),
         "log10_params": np.log10(m.num_params),
         "head_dim": m.head_size,
         "ffn_ratio": m.ffn_size / m.hidden_size,
         "is_moe": float(m.is_moe),
         "gated_mlp": float(m.gated_mlp),
-        "peak_tflops": hw.peak_tflops(p.dtype),
+        "hidden": m.hidden_size,
+        "ffn": m.ffn_size,
+        "seq_len": m.seq_len,
+        "dense_layer_params": m.num_params_per_layer(moe=False),
+    }
+
+
+def _cluster_columns(cl: ClusterSpec, dtype: DType) -> dict[str, float]:
+    """Features of one cluster running ``dtype``."""
+    hw = cl.gpu
+    return {
+        "peak_tflops": hw.peak_tflops(dtype),
         "mem_bw_gbps": hw.mem_bw_gbps,
         "sm_count": np.nan if hw.sm_count is None else hw.sm_count,
         "l2_cache_mib": np.nan if hw.l2_cache_mib is None else hw.l2_cache_mib,
@@ -133,12 +129,48 @@ def _config_row(c: RunConfig) -> dict[str, float]:
         "gpus_per_node": cl.gpus_per_node,
         "log2_num_gpus": np.log2(cl.num_gpus),
         "num_nodes": cl.num_nodes,
-        "tp_spans_nodes": float(p.tp > cl.gpus_per_node),
-        "log2_tokens_per_microbatch": np.log2(tokens),
-        "log2_hidden_per_tp": np.log2(m.hidden_size / p.tp),
-        "log2_ffn_per_tp": np.log2(m.ffn_size / p.tp),
-        "log2_layer_gflops_per_microbatch": np.log2(layer_flops / 1e9),
     }
+
+
+def _shared_rows(items: Sequence[tuple[object, ...]], build: Callable[..., dict[str, float]]) -> pd.DataFrame:
+    """``build(*item)`` of every item as frame rows, each distinct item (by identity) built once."""
+    index: dict[tuple[int, ...], int] = {}
+    rows, positions = [], np.empty(len(items), dtype=np.int64)
+    for i, item in enumerate(items):
+        key = tuple(map(id, item))
+        if key not in index:
+            index[key] = len(rows)
+            rows.append(build(*item))
+        positions[i] = index[key]
+    return pd.DataFrame(rows).iloc[positions].reset_index(drop=True)
+
+
+def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
+    """The layout, model, cluster and GEMM-size features of ``configs``, column-wise."""
+    layouts: dict[int, tuple[float, ...]] = {}  # rows often share their layout object
+    for c in configs:
+        p = c.parallel
+        if id(p) not in layouts:
+            layouts[id(p)] = (p.tp, p.pp, p.dp, p.cp, p.ep, p.micro_batch, p.num_microbatches, p.global_batch, p.vpp,
+                              p.sequence_parallel and p.tp > 1, p.zero_stage, _RECOMPUTE_CODE[p.recompute],
+                              p.finetune is Finetune.LORA, p.dtype.bytes_per_element, p.flash_attention)  # fmt: skip
+    p_rows = [layouts[id(c.parallel)] for c in configs]
+    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in _LAYOUT], dtype=float)
+    model = _shared_rows([(c.model,) for c in configs], _model_columns)
+    cluster = _shared_rows([(c.cluster, c.parallel.dtype) for c in configs], _cluster_columns)
+    tp = lay["tp"].to_numpy()
+    tokens = lay["micro_batch"].to_numpy() * model["seq_len"].to_numpy() / lay["cp"].to_numpy()
+    feats = pd.concat([lay, model, cluster], axis=1)
+    feats["log2_num_microbatches"] = np.log2(lay["num_microbatches"].to_numpy())
+    feats["log2_global_batch"] = np.log2(lay["global_batch"].to_numpy())
+    feats["layers_per_stage"] = model["num_layers"].to_numpy() / lay["pp"].to_numpy()
+    feats["tp_spans_nodes"] = (tp > cluster["gpus_per_node"].to_numpy()).astype(float)
+    feats["log2_tokens_per_microbatch"] = np.log2(tokens)
+    feats["log2_hidden_per_tp"] = np.log2(model["hidden"].to_numpy() / tp)
+    feats["log2_ffn_per_tp"] = np.log2(model["ffn"].to_numpy() / tp)
+    layer_flops = 2.0 * tokens * model["dense_layer_params"].to_numpy() / tp
+    feats["log2_layer_gflops_per_microbatch"] = np.log2(layer_flops / 1e9)
+    return feats
 
 
 def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.DataFrame:
@@ -166,7 +198,8 @@ def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.D
     step = composed["step_ms"].to_numpy(dtype=float)
     if len(step) and not (np.isfinite(step) & (step > 0)).all():
         raise SpecError(f"composed step_ms must be finite and > 0; {int((~(step > 0)).sum())} rows are not")
-    feats = pd.DataFrame([_config_row(c) for c in configs], index=composed.index)
+    feats = _config_columns(configs)
+    feats.index = composed.index
     feats[COMPOSED_STEP_COLUMN] = np.log(step)
     feats["frac_compute"] = composed["compute_ms"].to_numpy(dtype=float) / step
     for g in COMM_GROUPS:

@@ -51,12 +51,22 @@ Rules (DESIGN.md decision 4), stated once here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.features.workload import Group, Phase, Scope, WorkloadGraph
+from perfcast.features.parallel import Recompute
+from perfcast.features.workload import (
+    NODE_COLUMNS,
+    Group,
+    Phase,
+    Scope,
+    WorkloadGraph,
+    body_variant,
+    replayed_nodes,
+)
 
 COMPUTE = "compute"
 
@@ -226,3 +236,242 @@ def compose_step(
             0 turns it off).
     """
     return _Plan(graph, overlap_grad_reduce).compose(op_ms, host_ms_per_kernel)
+
+
+class BodyPlan:
+    """:func:`compose_step` vectorised over many graphs: their per-microbatch parts ("bodies").
+
+    The schedule of a step splits in two: the per-microbatch stages (every node but the
+    ``step`` scope), which fix the stage times, the bubble and the exposed communication
+    per microbatch; and the once-per-step nodes (gradient sync, optimizer), which add to
+    the pipeline's time. Many configs share one body (they differ only in data-parallel
+    degree, ZeRO stage below 3, global batch), so bodies are composed once each, with numpy
+    over all bodies at once, and :meth:`finish` adds each config's microbatch count and
+    step nodes. The rules and the results are those of :func:`compose_step`.
+
+    Args:
+        bodies: one :class:`BodyTemplate` per body (bodies that differ only in their node
+            times, e.g. their GPU, repeat one template).
+        overlap_grad_reduce: hide the data-parallel sync behind the last backward.
+    """
+
+    def __init__(self, bodies: Sequence[BodyTemplate], *, overlap_grad_reduce: bool = False) -> None:
+        self.num_bodies = len(bodies)
+        position: dict[int, int] = {}  # each distinct template's arrays are joined once, then gathered
+        templates: list[BodyTemplate] = []
+        for t in bodies:
+            if id(t) not in position:
+                position[id(t)] = len(templates)
+                templates.append(t)
+        self.group_names = sorted({name for t in templates for name in t.group_names})
+        code = {name: i for i, name in enumerate(self.group_names)}
+        sizes = np.array([t.num_nodes for t in bodies], dtype=np.int64)
+        rows = segment_rows([t.num_nodes for t in templates], [position[id(t)] for t in bodies])
+        self.seg = np.repeat(np.arange(len(bodies)), sizes)
+
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([t.arrays[name] for t in templates])[rows] if templates else np.zeros(0)
+
+        overlap = cat("overlap").astype(np.int64)  # a node of the same body
+        self.overlap = np.where(overlap >= 0, overlap + np.repeat(np.cumsum(sizes) - sizes, sizes), -1)
+        self.repeat, self.mult = cat("repeat"), cat("mult")
+        self.kernels = self.repeat * self.mult
+        self.pp = np.array([t.pp for t in bodies], dtype=np.int64)
+        self.vpp = np.array([t.vpp for t in bodies], dtype=np.int64)
+        self.overlap_p2p = (self.vpp > 1) & (self.pp > 1)
+        body = cat("body").astype(bool)
+        hidden_p2p = cat("pp_xfer").astype(bool) & self.overlap_p2p[self.seg]  # interleaved p2p: timed apart
+        self.body, self.first, self.last = body, cat("first").astype(bool), cat("last").astype(bool)
+        self.on_stage = body & ~hidden_p2p
+        self.xfer = body & hidden_p2p
+        comm = cat("comm").astype(bool)
+        codes = [np.array([code.get(g, -1) for g in t.arrays["group"]], dtype=np.int64) for t in templates]
+        self.group_code = np.concatenate(codes)[rows] if templates else np.zeros(0, np.int64)
+        self.comm_body, self.comm_first, self.comm_last = comm & self.on_stage, comm & self.first, comm & self.last
+        self.not_forward = cat("not_forward").astype(bool) if overlap_grad_reduce else None
+        self.overlap_grad_reduce = overlap_grad_reduce
+
+    def _sum(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return np.bincount(self.seg[mask], values[mask], minlength=self.num_bodies)
+
+    def _group_sum(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """(bodies, groups) sums of ``values`` over the nodes of ``mask``."""
+        n_groups = len(self.group_names)
+        index = self.seg[mask] * n_groups + self.group_code[mask]
+        return np.bincount(index, values[mask], minlength=self.num_bodies * n_groups).reshape(self.num_bodies, n_groups)
+
+    def stages(self, op_ms: np.ndarray, host_ms_per_kernel: float = HOST_MS_PER_KERNEL) -> dict[str, np.ndarray]:
+        """Per-body schedule terms from the node times ``op_ms`` (ms, the bodies' nodes concatenated).
+
+        Returns arrays over bodies: ``slowest_ms`` (the slowest stage's microbatch time),
+        ``fixed_ms`` (fill, drain and interleaved transfers: the pipeline minus
+        ``m * slowest_ms``), ``pp_exposed_ms`` (the slowest stage's exposed interleaved
+        transfer), ``last_backward_ms``; and over (bodies, groups) ``comm_ms`` and
+        ``comm_present`` (the exposed communication per microbatch of each group in
+        :attr:`group_names`, and whether the busiest stage has such nodes).
+        """
+        op_ms = np.asarray(op_ms, dtype=float)
+        hidden_by = np.where(self.overlap >= 0, op_ms[np.clip(self.overlap, 0, None)], 0.0)
+        weighted = np.maximum(op_ms - hidden_by, 0.0) * self.repeat * self.mult
+        stage_body, stage_first, stage_last = (self._sum(m, weighted) for m in (self.on_stage, self.first, self.last))
+        xfer = np.where(self.overlap_p2p, self._sum(self.xfer, weighted), 0.0)
+        k_body, k_first, k_last = (self._sum(m, self.kernels) for m in (self.body, self.first, self.last))
+        one = self.pp == 1
+        gpu = [np.where(one, stage_body + stage_first + stage_last, stage_body + stage_first), stage_body,
+               stage_body + stage_last]  # fmt: skip  # first, middle and last stage
+        exposed = [np.maximum(xfer - g, 0.0) for g in gpu]
+        gpu = [g + e for g, e in zip(gpu, exposed, strict=True)]
+        kernels = [np.where(one, k_body + k_first + k_last, k_body + k_first), k_body, k_body + k_last]
+        first, middle, last = (np.maximum(g, k * host_ms_per_kernel) for g, k in zip(gpu, kernels, strict=True))
+        has_middle, has_last = self.pp > 2, ~one
+        # np.argmax over [first, middle * (pp - 2), last]: the first stage of the largest time
+        slowest_ms = np.maximum(first, np.where(has_middle, middle, -np.inf))
+        slowest_ms = np.where(has_last, np.maximum(slowest_ms, last), slowest_ms)
+        is_first = first >= slowest_ms
+        is_middle = ~is_first & has_middle & (middle >= slowest_ms)
+        pp_exposed = np.where(is_first, exposed[0], np.where(is_middle, exposed[1], exposed[2]))
+        total = first + np.where(has_middle, (self.pp - 2) * middle, 0.0) + np.where(has_last, last, 0.0)
+        fixed = (total - slowest_ms) / self.vpp + (self.pp - 1) * xfer / self.vpp
+
+        busiest_first = one | (stage_first >= stage_last)  # the busiest end stage (both when pp == 1)
+        busiest_last = one | ~busiest_first
+        comm = self._group_sum(self.comm_body, weighted)
+        count = self._group_sum(self.comm_body, np.ones(len(weighted)))
+        for mask, on in ((self.comm_first, busiest_first), (self.comm_last, busiest_last)):
+            comm = comm + np.where(on[:, None], self._group_sum(mask, weighted), 0.0)
+            count = count + np.where(on[:, None], self._group_sum(mask, np.ones(len(weighted))), 0.0)
+        last_backward = np.zeros(self.num_bodies)
+        if self.not_forward is not None:
+            nf = self.not_forward
+            last_backward = self._sum(self.body & nf, weighted)
+            last_backward += np.where(busiest_first, self._sum(self.first & nf, weighted), 0.0)
+            last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
+        return {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
+                "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0}  # fmt: skip
+
+    def finish(
+        self,
+        stages: dict[str, np.ndarray],
+        body: np.ndarray,
+        num_microbatches: np.ndarray,
+        dp_sync_ms: np.ndarray,
+        optimizer_ms: np.ndarray,
+    ) -> dict[str, np.ndarray]:
+        """Breakdown columns of configs: each runs body ``body[i]`` with ``num_microbatches[i]``
+        microbatches and its step nodes' gradient sync and optimizer times (ms).
+
+        Returns:
+            ``step_ms, compute_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
+            ``comm_<group>_ms`` (NaN where the config has no such group), arrays over configs.
+        """
+        m = np.asarray(num_microbatches, dtype=float)
+        slowest = stages["slowest_ms"][body]
+        pipeline = m * slowest + stages["fixed_ms"][body]
+        comm_ms: dict[str, np.ndarray] = {}
+        overlap_p2p = self.overlap_p2p[body]
+        for j, group in enumerate(self.group_names):
+            present = stages["comm_present"][body, j]
+            if group == Group.PP:
+                present = present & ~overlap_p2p
+            comm_ms[group] = np.where(present, m * stages["comm_ms"][body, j], np.nan)
+        if overlap_p2p.any():
+            pp = np.where(overlap_p2p, m * stages["pp_exposed_ms"][body], np.nan)
+            comm_ms[Group.PP] = np.where(np.isnan(pp), comm_ms.get(Group.PP, np.nan), pp)
+        exposed_comm = np.zeros(len(m))
+        for values in comm_ms.values():
+            exposed_comm = exposed_comm + np.nan_to_num(values)
+        dp_sync = np.asarray(dp_sync_ms, dtype=float)
+        if self.overlap_grad_reduce:
+            dp_sync = np.maximum(0.0, dp_sync - stages["last_backward_ms"][body])
+        optimizer = np.asarray(optimizer_ms, dtype=float)
+        return {
+            "step_ms": pipeline + dp_sync + optimizer,
+            "compute_ms": m * slowest - exposed_comm,
+            "bubble_ms": pipeline - m * slowest,
+            "dp_sync_ms": dp_sync,
+            "optimizer_ms": optimizer,
+            **{f"comm_{group}_ms": values for group, values in sorted(comm_ms.items())},
+        }
+
+
+def segment_rows(sizes: Sequence[int], which: Sequence[int]) -> np.ndarray:
+    """Rows of a concatenation of segments (of ``sizes`` rows) that spell segments ``which``, in turn.
+
+    ``np.concatenate([segments[k] for k in which])`` equals ``np.concatenate(segments)[segment_rows(...)]``.
+    """
+    sizes, which = np.asarray(sizes, dtype=np.int64), np.asarray(which, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    picked = sizes[which] if len(which) else np.zeros(0, dtype=np.int64)
+    offsets = np.repeat(starts[which] - (np.cumsum(picked) - picked), picked) if len(which) else picked
+    return np.arange(int(picked.sum())) + offsets
+
+
+class BodyTemplate:
+    """A graph's per-microbatch nodes (all but the ``step`` scope), as :class:`BodyPlan` reads them.
+
+    A template either holds its nodes (``columns``), or is a variant of a ``base``
+    template (:meth:`variant`): its nodes are rows ``source`` of the base's, so the base's
+    node times give its own.
+
+    Args:
+        columns: the nodes' ``NODE_COLUMNS`` (what timing them needs).
+        layers: dense and MoE layers on the busiest stage.
+        pp, vpp: the pipeline schedule's parameters.
+
+    Attributes:
+        arrays: per-node masks and multiplicities derived from the node columns.
+        group_names: process groups of the body's collectives.
+        base, source: the template holding the node columns these nodes are rows of
+            (itself when it holds its nodes), and which rows. A variant's ``columns``
+            are its base's: time ``base.columns`` and gather ``source``.
+    """
+
+    def __init__(self, columns: dict[str, np.ndarray], *, layers: tuple[int, int], pp: int, vpp: int) -> None:
+        self.columns, self.layers, self.pp, self.vpp = columns, layers, pp, vpp
+        scope, groups = columns["scope"], columns["group"]
+        self.num_nodes = len(scope)
+        self.base, self.source = self, np.arange(self.num_nodes)
+        comm = columns["stream"] != COMPUTE
+        layer, moe = scope == Scope.LAYER, scope == Scope.MOE_LAYER
+        self.arrays = {
+            "mult": np.where(layer, float(layers[0]), np.where(moe, float(layers[1]), 1.0)),
+            "body": layer | moe | (scope == Scope.STAGE),
+            "first": scope == Scope.FIRST_STAGE,
+            "last": scope == Scope.LAST_STAGE,
+            "pp_xfer": groups == Group.PP,
+            "comm": comm,
+            "group": groups,
+            **_schedule_arrays(columns),
+        }
+        self.group_names = sorted(set(groups[comm]))
+        self._replayed: dict[Recompute, np.ndarray] = {}
+
+    @classmethod
+    def from_graph(cls, graph: WorkloadGraph) -> BodyTemplate:
+        """The body of ``graph`` (:func:`build_workload_graph` appends the step nodes last)."""
+        n = int((graph.column("scope") != Scope.STEP).sum())
+        columns = {name: graph.column(name)[:n].copy() for name in NODE_COLUMNS}
+        layers = (graph.dense_layers_per_stage, graph.moe_layers_per_stage)
+        return cls(columns, layers=layers, pp=graph.pp, vpp=graph.vpp)
+
+    def variant(self, vpp: int, recompute: Recompute) -> BodyTemplate:
+        """The body of the same config with ``vpp`` and ``recompute``; this template must hold
+        its nodes and recompute none (see :func:`~perfcast.features.workload.body_variant`)."""
+        if recompute not in self._replayed:
+            self._replayed[recompute] = replayed_nodes(self.columns, recompute)
+        source, changed = body_variant(self.columns, vpp, self._replayed[recompute])
+        out = copy.copy(self)
+        out.vpp, out.base, out.source, out.num_nodes = vpp, self, source, len(source)
+        out.arrays = {name: values[source] for name, values in self.arrays.items()}
+        out.arrays.update(_schedule_arrays(changed))
+        out._replayed = {}
+        return out
+
+
+def _schedule_arrays(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The arrays of a :class:`BodyTemplate` that a variant changes: from ``repeat``, ``phase``, ``overlap_with``."""
+    return {
+        "overlap": columns["overlap_with"].astype(np.int64),
+        "repeat": columns["repeat"].astype(float),
+        "not_forward": columns["phase"] != Phase.FORWARD,
+    }

@@ -244,6 +244,7 @@ _OP_INFO = {
     for op in OpType
 }
 """Per op: its name, its stream, and whether it runs in the config's dtype (GEMMs, attention) or the vector dtype."""
+_OP_BY_NAME = {op.value: op for op in OpType}
 
 
 @dataclass(frozen=True)
@@ -316,6 +317,81 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
         pp=p.pp,
         vpp=p.vpp,
     )
+
+
+def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...]:
+    """What a graph's per-microbatch nodes (all but the ``step`` scope) depend on besides the
+    model, apart from ``vpp`` and ``recompute`` (:func:`body_variant` applies those): configs
+    of one model with equal keys, ``vpp`` and ``recompute`` have identical such nodes, layer
+    counts and ``pp``.
+
+    The data-parallel degree, ZeRO stage, global batch and GPU type only change the
+    once-per-step nodes (:func:`build_step_ops`) and the number of microbatches, except
+    where they reach the layers: ZeRO-3's per-layer weight gathers and whether a pipeline
+    transfer stays inside a node.
+    """
+    p = parallel
+    zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
+    same_node = p.pp > 1 and p.tp * p.cp * p.dp < gpus_per_node
+    return (p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
+            p.flash_attention, gpus_per_node, zero3_ranks, same_node)  # fmt: skip
+
+
+def replayed_nodes(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
+    """Rows of ``nodes`` (a graph's nodes, built without recomputation) that ``recompute``
+    replays before each layer's backward (see :func:`_add_recompute`)."""
+    if recompute is Recompute.NONE:
+        return np.zeros(0, dtype=np.int64)
+    replay = (nodes["phase"] == Phase.FORWARD) & np.isin(nodes["scope"], [Scope.LAYER, Scope.MOE_LAYER])
+    names = nodes["name"]
+    replay &= (names != "zero3.param_gather") & (nodes["group"] != Group.CP)  # still at hand
+    if recompute is Recompute.SELECTIVE:
+        replay &= np.array([name.startswith("attn.core") for name in names], dtype=bool)
+    return np.flatnonzero(replay)
+
+
+def body_variant(
+    nodes: Mapping[str, np.ndarray], vpp: int, replayed: np.ndarray
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The per-microbatch nodes of the same config with ``vpp`` and the recomputation that
+    replays rows ``replayed`` (:func:`replayed_nodes`), as rows of ``nodes`` and the columns
+    that differ from those rows.
+
+    ``nodes`` are the non-step nodes of a graph built with ``recompute="none"`` (any
+    ``vpp``). ``vpp`` only sets how often each pipeline transfer repeats; the replayed
+    nodes (which :func:`build_workload_graph` puts before each layer's backward) are
+    appended at the end: the same nodes, in another order.
+
+    Returns:
+        ``source``: the variant's nodes as rows of ``nodes`` (all of them, then the
+        replayed ones); and its ``repeat``, ``phase`` and ``overlap_with`` columns. Other
+        columns are those of ``source`` (replayed names aside, which gain ``.recompute``).
+    """
+    n, k = len(nodes["node"]), len(replayed)
+    repeat = np.where(nodes["group"] == Group.PP, vpp, nodes["repeat"])
+    return np.concatenate([np.arange(n), replayed]), {
+        "repeat": np.concatenate([repeat, repeat[replayed]]),
+        "phase": np.concatenate([nodes["phase"], np.full(k, Phase.RECOMPUTE, dtype=object)]),
+        "overlap_with": np.concatenate([nodes["overlap_with"], np.full(k, -1, dtype=np.int64)]),
+    }
+
+
+def step_ops_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...]:
+    """What :func:`build_step_ops` depends on besides the model: configs of one model with
+    equal keys have identical step nodes."""
+    p = parallel
+    return (p.tp, p.pp, p.cp, p.ep, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node)
+
+
+def build_step_ops(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
+    """The once-per-step nodes of the config's graph (gradient sync, optimizer), as ``NODE_COLUMNS`` arrays.
+
+    They equal the ``step``-scope rows that :func:`build_workload_graph` appends last,
+    numbered from 0 (no step node overlaps another node).
+    """
+    b = _Builder(parallel.dtype)
+    _add_step_ops(b, model, parallel, cluster)
+    return b.columns()
 
 
 def _norm_op(model: ModelSpec) -> OpType:
@@ -515,7 +591,7 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
     bwd_of: dict[int, int] = {}
     for node in reversed(fwd_ids):
         row = b.rows[node]
-        op = OpType(row["op"])
+        op = _OP_BY_NAME[row["op"]]
         name, scope = row["name"], row["scope"]
         bwd_of[node] = len(b.rows)
         if op in GEMM_OPS:
@@ -561,7 +637,7 @@ def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
             continue  # weights and K/V of the forward are still at hand
         fields = {k: v for k, v in row.items() if k not in ("node", "name", "scope", "phase", "stream", "op", "dtype")}
         fields["overlap_with"] = -1
-        b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, OpType(row["op"]), **fields)
+        b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, _OP_BY_NAME[row["op"]], **fields)
 
 
 def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
@@ -593,14 +669,17 @@ def _grad_bytes(p: ParallelConfig) -> int:
     return 4 if p.dtype in (DType.FP32, DType.TF32) else 2
 
 
-def trainable_params_per_rank(model: ModelSpec, p: ParallelConfig) -> tuple[int, int]:
+def trainable_params_per_rank(
+    model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None
+) -> tuple[int, int]:
     """(non-expert, expert) trainable parameters one GPU of the busiest stage holds.
 
     The busiest stage is the first one with the input embedding (also the last when
     ``pp == 1``); with untied embeddings and ``pp > 1`` the last stage's LM head is
-    usually as large, and the maximum of the two is taken.
+    usually as large, and the maximum of the two is taken. ``finetune`` overrides the
+    layout's (``Finetune.FULL``: all parameters of the rank).
     """
-    if p.finetune is Finetune.LORA:
+    if (finetune or p.finetune) is Finetune.LORA:
         qkv_out = model.head_size * (model.num_heads + 2 * model.kv_heads)
         per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (
             model.head_size * model.num_heads + model.hidden_size

@@ -24,6 +24,13 @@ Identical ops are predicted once: rows are deduplicated by shape, dtype and devi
 for collectives timed analytically, the cluster's link figures) across all nodes of all
 configs passed to :meth:`StepComposer.compose_many`.
 
+:meth:`StepComposer.compose_table` gives the same numbers column-wise, for batch
+prediction: configs that differ only in data-parallel degree, ZeRO stage below 3, global
+batch or GPU share their graph's per-microbatch body, which is built once (bodies are
+remembered between calls, up to :data:`BODY_CACHE_SIZE`; interleaving and recomputation
+variants derive from one body), timed once per cluster and composed for all configs at
+once with numpy; no graph is built per config.
+
 Interval rule (stated, DESIGN.md decision 4): per-op errors on one GPU are strongly
 correlated (the op model's interval is mostly a GPU-level shift), so the step bounds
 compose the per-node lower bounds and the per-node upper bounds (comonotone errors):
@@ -38,8 +45,10 @@ optimizer) and ``"fwd"`` (forward ops only, for inference runs).
 
 from __future__ import annotations
 
+import threading
 import warnings
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,17 +57,29 @@ import pandas as pd
 
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.hardware import ClusterSpec
+from perfcast.features.model import ModelSpec
 from perfcast.features.ops import COLLECTIVE_OPS, op_flops, op_memory_bytes
+from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
-from perfcast.features.schedule import StepBreakdown, compose_steps
+from perfcast.features.schedule import (
+    HOST_MS_PER_KERNEL,
+    BodyPlan,
+    BodyTemplate,
+    StepBreakdown,
+    compose_steps,
+    segment_rows,
+)
 from perfcast.features.workload import (
     NODE_COLUMNS,
     SHAPE_COLUMNS,
     Phase,
     Scope,
     WorkloadGraph,
+    body_structure_key,
+    build_step_ops,
     build_workload_graph,
+    step_ops_key,
 )
 
 __all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
@@ -66,6 +87,36 @@ __all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
 TIMING_SCOPES = ("step", "fwd_bwd", "fwd")
 """What a measured time covers: a whole step, forward plus backward, or forward only."""
 _COLLECTIVES = [o.value for o in COLLECTIVE_OPS]
+
+
+class _Memo:
+    """A bounded, thread-safe least-recently-used memo of pure builds, kept between calls."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: Any, build: Callable[..., Any], *args: Any) -> Any:
+        """The value of ``key``, built by ``build(*args)`` when absent."""
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        value = build(*args)
+        with self._lock:
+            self._items[key] = value
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+        return value
+
+
+BODY_CACHE_SIZE = 16_384
+"""Graph bodies :meth:`StepComposer.compose_table` keeps between calls (tens of KB each):
+a stream of chunks builds each distinct body about once."""
+_BODIES = _Memo(BODY_CACHE_SIZE)
+_BASE_BODIES = _Memo(BODY_CACHE_SIZE)
+_STEP_OPS = _Memo(BODY_CACHE_SIZE)
 
 
 class OpPredictor(Protocol):
@@ -201,6 +252,60 @@ class StepComposer:
             )
         return out
 
+    def compose_table(self, configs: Sequence[RunConfig]) -> tuple[pd.DataFrame, np.ndarray]:
+        """``composed_frame(compose_many(configs))`` and each config's ``out_of_domain`` flag,
+        computed column-wise (timing scope ``"step"``).
+
+        Configs that share a graph body (:func:`~perfcast.features.workload.body_structure_key`)
+        and a cluster's links share its node times: each body is built, timed and composed
+        once (:class:`~perfcast.features.schedule.BodyPlan`), each distinct set of step
+        nodes once; a config only adds its microbatch count. No per-config graph is kept.
+
+        Raises:
+            SpecError: a config's layout does not fit.
+        """
+        if not configs:
+            return composed_frame([]), np.zeros(0, dtype=bool)
+        batch = _Batch(configs)
+        # time each distinct (base body, cluster) and (step nodes, cluster) once
+        base_key = [(id(t.base), link) for t, link in zip(batch.bodies, batch.body_links, strict=True)]
+        bases = dict.fromkeys(base_key)
+        base_pos = {key: i for i, key in enumerate(bases)}
+        by_id = {id(t.base): t.base for t in batch.bodies}
+        parts = [by_id[key[0]].columns for key in bases] + batch.steps
+        links = [key[1] for key in bases] + batch.step_links
+        sizes = np.array([len(part["node"]) for part in parts], dtype=np.int64)
+        columns = _join(parts)
+        gpu = np.repeat(np.array([batch.clusters[link].gpu.id for link in links], dtype=object), sizes)
+        times = self._time_rows(columns, gpu, np.repeat(np.array(links, dtype=object), sizes), batch.clusters)
+        # every body's nodes are rows of its base's
+        base_start = (np.cumsum(sizes) - sizes)[[base_pos[key] for key in base_key]]
+        sources: dict[int, dict[str, np.ndarray]] = {}
+        source = _join([sources.setdefault(id(t), {"source": t.source}) for t in batch.bodies], ("source",))["source"]
+        body_rows = source + np.repeat(base_start, [t.num_nodes for t in batch.bodies])
+        n_base = int(sizes[: len(bases)].sum())
+        step_seg = np.repeat(np.arange(len(batch.steps)), sizes[len(bases) :])
+        is_optimizer = columns["op"][n_base:] == "optimizer"
+
+        plan = BodyPlan(batch.bodies, overlap_grad_reduce=self.overlap_grad_reduce)
+        m = np.array([c.parallel.num_microbatches for c in configs], dtype=float)
+        results: list[dict[str, np.ndarray]] = []
+        for k, node_ms in enumerate(times[:3]):  # median, lower and upper bounds
+            same = next((results[j] for j in range(k) if np.array_equal(times[j], node_ms)), None)
+            if same is not None:  # bounds of a predictor without an interval
+                results.append(same)
+                continue
+            step_ms = node_ms[n_base:]
+            dp_sync = np.bincount(step_seg, np.where(is_optimizer, 0.0, step_ms), minlength=len(batch.steps))
+            optimizer = np.bincount(step_seg, np.where(is_optimizer, step_ms, 0.0), minlength=len(batch.steps))
+            stages = plan.stages(node_ms[body_rows], HOST_MS_PER_KERNEL)
+            results.append(plan.finish(stages, batch.body_of, m, dp_sync[batch.steps_of], optimizer[batch.steps_of]))
+        ood = times[3]
+        body_ood = np.bincount(plan.seg, ood[body_rows], minlength=len(batch.bodies)) > 0
+        step_ood = np.bincount(step_seg, ood[n_base:], minlength=len(batch.steps)) > 0
+        flags = body_ood[batch.body_of] | step_ood[batch.steps_of]
+        return _table_frame(results[0], results[1]["step_ms"], results[2]["step_ms"]), flags
+
     def _time_nodes(
         self, configs: Sequence[RunConfig], graphs: Sequence[WorkloadGraph]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -209,10 +314,24 @@ class StepComposer:
         columns = {name: np.concatenate([g.column(name) for g in graphs]) for name in NODE_COLUMNS}
         sizes = [g.num_nodes for g in graphs]
         clusters = [c.cluster for c in configs]
-        is_comm = np.isin(columns["op"], _COLLECTIVES)
-        columns["gpu"] = np.repeat(np.array([c.gpu.id for c in clusters], dtype=object), sizes)
-        # collectives timed analytically depend on the run's link figures, not on the gpu alone
+        gpu = np.repeat(np.array([c.gpu.id for c in clusters], dtype=object), sizes)
         link_key = np.repeat(np.array([_link_key(c) for c in clusters], dtype=object), sizes)
+        return self._time_rows(columns, gpu, link_key, {_link_key(c): c for c in clusters})
+
+    def _time_rows(
+        self,
+        columns: dict[str, np.ndarray],
+        gpu: np.ndarray,
+        link_key: np.ndarray,
+        clusters: dict[str, ClusterSpec],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(pred, lo, hi) in ms and the out-of-domain flag of node rows ``columns`` run on
+        ``gpu`` in the cluster of ``link_key`` (:func:`_link_key`, keys of ``clusters``);
+        every distinct op is predicted once."""
+        columns = dict(columns)
+        is_comm = np.isin(columns["op"], _COLLECTIVES)
+        columns["gpu"] = gpu
+        # collectives timed analytically depend on the run's link figures, not on the gpu alone
         analytic_comm = is_comm & (self.collective_predictor is None)
         columns["link"] = np.where(analytic_comm, link_key, "")
         key_cols = [*SHAPE_COLUMNS, "gpu", "link"]
@@ -240,13 +359,101 @@ class StepComposer:
             p, a, b = _predict_collectives(self.collective_predictor, ops.loc[comm_u, op_cols], self.coverage)
             pred[comm_u], lo[comm_u], hi[comm_u] = p, a, b
         elif comm_u.any():
-            by_key = {_link_key(c): c for c in clusters}
             for key, idx in ops.loc[comm_u].groupby("link").indices.items():
                 rows = np.flatnonzero(comm_u)[idx]
-                pred[rows] = op_time_ms(ops.iloc[rows], by_key[key])
+                pred[rows] = op_time_ms(ops.iloc[rows], clusters[key])
         lo = np.minimum(np.where(np.isnan(lo), pred, lo), pred)
         hi = np.maximum(np.where(np.isnan(hi), pred, hi), pred)
         return pred[codes], lo[codes], hi[codes], ood[codes]
+
+
+def _join(parts: Sequence[Mapping[str, np.ndarray]], names: Sequence[str] = NODE_COLUMNS) -> dict[str, np.ndarray]:
+    """Columns ``names`` of ``parts`` concatenated; parts repeat (the same object), so each
+    distinct one is joined once and its rows gathered."""
+    position: dict[int, int] = {}
+    distinct: list[Mapping[str, np.ndarray]] = []
+    for part in parts:
+        if id(part) not in position:
+            position[id(part)] = len(distinct)
+            distinct.append(part)
+    rows = segment_rows([len(part[names[0]]) for part in distinct], [position[id(part)] for part in parts])
+    return {name: np.concatenate([part[name] for part in distinct])[rows] for name in names}
+
+
+class _Batch:
+    """Configs grouped by what they share: graph bodies and step nodes, each on a cluster.
+
+    Attributes:
+        clusters: one cluster per link key (:func:`_link_key`).
+        bodies, body_links: each distinct (body, cluster) of the batch; ``body_of`` maps configs to them.
+        steps, step_links: each distinct (step nodes, cluster); ``steps_of`` maps configs to them.
+    """
+
+    def __init__(self, configs: Sequence[RunConfig]) -> None:
+        link_of: dict[int, str] = {}
+        model_of: dict[int, int] = {}  # model object -> number of its model: keys hash a model once
+        models: dict[ModelSpec, int] = {}
+        self.clusters: dict[str, ClusterSpec] = {}
+        templates: dict[tuple[Any, ...], int] = {}
+        step_sets: dict[tuple[Any, ...], int] = {}
+        shape_of: dict[tuple[int, int, int], tuple[int, int]] = {}  # (model, layout, gpus per node) objects
+        template_list: list[BodyTemplate] = []
+        step_list: list[dict[str, np.ndarray]] = []
+        bodies: dict[tuple[int, str], int] = {}
+        steps: dict[tuple[int, str], int] = {}
+        self.body_of = np.empty(len(configs), dtype=np.int64)
+        self.steps_of = np.empty(len(configs), dtype=np.int64)
+        for i, c in enumerate(configs):
+            cluster, p = c.cluster, c.parallel
+            link = link_of.get(id(cluster))
+            if link is None:
+                link = link_of[id(cluster)] = _link_key(cluster)
+                self.clusters.setdefault(link, cluster)
+            gpn = cluster.gpus_per_node
+            shape = shape_of.get((id(c.model), id(p), gpn))
+            if shape is None:
+                model = model_of.get(id(c.model))
+                if model is None:
+                    model = model_of[id(c.model)] = models.setdefault(c.model, len(models))
+                bkey = (model, body_structure_key(p, gpn), p.vpp, p.recompute)
+                if bkey not in templates:
+                    templates[bkey] = len(template_list)
+                    template_list.append(_BODIES.get((c.model, *bkey[1:]), _body_template, c))
+                skey = (model, step_ops_key(p, gpn))
+                if skey not in step_sets:
+                    step_sets[skey] = len(step_list)
+                    step_list.append(_STEP_OPS.get((c.model, skey[1]), build_step_ops, c.model, p, cluster))
+                shape = shape_of[(id(c.model), id(p), gpn)] = (templates[bkey], step_sets[skey])
+            self.body_of[i] = bodies.setdefault((shape[0], link), len(bodies))
+            self.steps_of[i] = steps.setdefault((shape[1], link), len(steps))
+        self.bodies = [template_list[k] for k, _ in bodies]
+        self.body_links = [link for _, link in bodies]
+        self.steps = [step_list[k] for k, _ in steps]
+        self.step_links = [link for _, link in steps]
+
+
+def _body_template(config: RunConfig) -> BodyTemplate:
+    """The body of ``config``, from the remembered body without recomputation."""
+    p = config.parallel
+    key = (config.model, body_structure_key(p, config.cluster.gpus_per_node))
+    return _BASE_BODIES.get(key, _base_body, config).variant(p.vpp, p.recompute)
+
+
+def _base_body(config: RunConfig) -> BodyTemplate:
+    parallel = config.parallel.model_copy(update={"recompute": Recompute.NONE})
+    return BodyTemplate.from_graph(build_workload_graph(config.model, parallel, config.cluster))
+
+
+def _table_frame(parts: dict[str, np.ndarray], lo_ms: np.ndarray, hi_ms: np.ndarray) -> pd.DataFrame:
+    """The :func:`composed_frame` of column-wise breakdowns: the same columns in the same order."""
+    frame = {"step_ms": parts["step_ms"], "step_lo_ms": lo_ms, "step_hi_ms": hi_ms}
+    frame.update({k: parts[k] for k in ("compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")})
+    comm = {k: v for k, v in parts.items() if k.startswith("comm_") and not np.isnan(v).all()}
+    # composed_frame's rows list their groups sorted; its columns follow first appearance
+    first_row = {k: int(np.flatnonzero(~np.isnan(v))[0]) for k, v in comm.items()}
+    for k in sorted(comm, key=lambda k: (first_row[k], k)):
+        frame[k] = np.nan_to_num(comm[k], nan=0.0)
+    return pd.DataFrame(frame)
 
 
 def _link_key(cluster: ClusterSpec) -> str:

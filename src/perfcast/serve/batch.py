@@ -19,9 +19,10 @@ from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
-from perfcast.features.memory import peak_memory
+from perfcast.features.memory import peak_memory_table
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
-from perfcast.features.run_config import RunConfig, parse_run_row
+from perfcast.features.parallel import Finetune
+from perfcast.features.run_config import RunConfig, parse_run_table
 from perfcast.models import analytic
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
@@ -61,8 +62,8 @@ class StepPredictorLike(Protocol):
 
 MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
 """Per-GPU memory parts ``breakdown`` adds, GiB (they sum to ``peak_mem_gib``)."""
-STEP_CHUNK_ROWS = 512
-"""Configs composed together: distinct ops are predicted once per chunk."""
+STEP_CHUNK_ROWS = 50_000
+"""Configs composed together: distinct graph bodies and ops are built and predicted once per chunk."""
 
 
 def predict_steps_table(
@@ -99,29 +100,29 @@ def predict_steps_table(
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     positions: list[int] = []
     configs: list[RunConfig] = []
-    for pos, row in enumerate(runs.to_dict("records")):
-        try:
-            configs.append(parse_run_row(row))
+    errors = out[ERROR_COLUMN].to_numpy(dtype=object)
+    for pos, parsed in enumerate(parse_run_table(runs)):
+        if isinstance(parsed, RunConfig):
+            configs.append(parsed)
             positions.append(pos)
-        except PerfcastError as exc:
-            out.iat[pos, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
+        else:
+            errors[pos] = str(parsed)
+    out[ERROR_COLUMN] = errors
     parts: list[pd.DataFrame] = []
     for start in range(0, len(configs), STEP_CHUNK_ROWS):
         chunk = configs[start : start + STEP_CHUNK_ROWS]
         pos = positions[start : start + STEP_CHUNK_ROWS]
-        try:
-            frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk)
-        except PerfcastError:  # isolate the configs the predictor refuses, answer the rest
-            chunk, pos, frame = _one_by_one(predictor, chunk, pos, coverage, out)
-            if not chunk:
-                continue
-        frame.index = pos
-        for col in RUN_OUTPUT_COLUMNS:
-            out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
-        if OUT_OF_DOMAIN_COLUMN in frame.columns:
-            out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
-            frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
-        parts.append(frame.drop(columns=list(RUN_OUTPUT_COLUMNS)))
+        answered = _predict_chunk(predictor, chunk, pos, coverage, out)
+        if answered:
+            pos = [p for answered_pos, _ in answered for p in answered_pos]
+            frame = pd.concat([f for _, f in answered], ignore_index=True)
+            frame.index = pos
+            for col in RUN_OUTPUT_COLUMNS:
+                out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
+            if OUT_OF_DOMAIN_COLUMN in frame.columns:
+                out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
+                frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
+            parts.append(frame.drop(columns=list(RUN_OUTPUT_COLUMNS)))
         if progress is not None:
             progress(len(chunk))
     if progress is not None and len(runs) > len(configs):
@@ -144,35 +145,48 @@ def predict_steps_table(
     return out
 
 
-def _one_by_one(
+def _predict_chunk(
     predictor: StepPredictorLike, chunk: list[RunConfig], pos: list[int], coverage: float, out: pd.DataFrame
-) -> tuple[list[RunConfig], list[int], pd.DataFrame]:
-    """Predict configs one at a time, writing each refused config's reason into ``out``."""
-    kept: list[tuple[RunConfig, int, pd.DataFrame]] = []
-    for config, p in zip(chunk, pos, strict=True):
-        try:
-            kept.append((config, p, _step_rows(predictor.predict_configs([config], coverage=coverage), [config])))
-        except PerfcastError as exc:
-            out.iat[p, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
-    if not kept:
-        return [], [], pd.DataFrame()
-    return [k[0] for k in kept], [k[1] for k in kept], pd.concat([k[2] for k in kept], ignore_index=True)
+) -> list[tuple[list[int], pd.DataFrame]]:
+    """Predict ``chunk`` as one batch; when the predictor refuses it, halve it until each
+    refused config stands alone, writing its reason into ``out``. Returns the answered
+    (positions, rows) parts, in order."""
+    try:
+        return [(pos, _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk))]
+    except PerfcastError as exc:
+        if len(chunk) == 1:
+            out.iat[pos[0], out.columns.get_loc(ERROR_COLUMN)] = str(exc)
+            return []
+    half = len(chunk) // 2
+    return _predict_chunk(predictor, chunk[:half], pos[:half], coverage, out) + _predict_chunk(
+        predictor, chunk[half:], pos[half:], coverage, out
+    )
 
 
 def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     """Add memory, MFU and tokens/s to a predictor's rows for ``configs``."""
-    memory = [peak_memory(c.model, c.parallel, c.cluster) for c in configs]
+    memory = peak_memory_table(configs)
     step_s = pred["step_ms"].to_numpy(dtype=float) / 1e3
-    peak_flops = np.array([c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus for c in configs])
-    flops = np.array([analytic.model_flops_per_step(c) for c in configs])
+    peak: dict[tuple[int, DType], float] = {}
+    flops: dict[tuple[int, Finetune, int], float] = {}
+    peak_flops, model_flops = np.empty(len(configs)), np.empty(len(configs))
+    for i, c in enumerate(configs):  # few distinct clusters and models: each figure computed once
+        key = (id(c.cluster), c.parallel.dtype)
+        if key not in peak:
+            peak[key] = c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus
+        peak_flops[i] = peak[key]
+        fkey = (id(c.model), c.parallel.finetune, c.parallel.global_batch)
+        if fkey not in flops:
+            flops[fkey] = analytic.model_flops_per_step(c)
+        model_flops[i] = flops[fkey]
     tokens = np.array([c.tokens_per_step for c in configs], dtype=float)
     frame = pred.reset_index(drop=True).copy()
-    frame["peak_mem_gib"] = [m.total_gib for m in memory]
-    frame["fits_memory"] = [m.fits(c.cluster.gpu.mem_gib) for m, c in zip(memory, configs, strict=True)]
-    frame["mfu"] = flops / (step_s * peak_flops)
+    frame["peak_mem_gib"] = memory["peak_mem_gib"].to_numpy()
+    frame["fits_memory"] = memory["fits_memory"].tolist()
+    frame["mfu"] = model_flops / (step_s * peak_flops)
     frame["tokens_per_s"] = tokens / step_s
     for name in MEMORY_PART_COLUMNS:
-        frame[name] = [getattr(m, name) for m in memory]
+        frame[name] = memory[name].to_numpy()
     return frame
 
 
