@@ -254,3 +254,16 @@ def test_compose_table_with_a_collective_model_and_no_configs():
     np.testing.assert_allclose(got.to_numpy(), composed_frame(composer.compose_many(configs)).to_numpy(), rtol=1e-11)
     empty, flags = composer.compose_table([])
     assert len(empty) == 0 and len(flags) == 0
+
+
+def test_a_run_row_can_overlap_its_own_gradient_sync():
+    rows = [row for row in VARIED if row.get("dp", 1) > 1][:6]
+    own = [parse_run_row({**row, "overlap_grad_reduce": i % 2 == 0}) for i, row in enumerate(rows)]
+    plain = [parse_run_row(row) for row in rows]
+    hidden = StepComposer(AnalyticOpPredictor(), overlap_grad_reduce=True).compose_many(plain)
+    exposed = StepComposer(AnalyticOpPredictor()).compose_many(plain)
+    expected = composed_frame([hidden[i] if i % 2 == 0 else exposed[i] for i in range(len(rows))])
+    composer = StepComposer(AnalyticOpPredictor())
+    np.testing.assert_allclose(composed_frame(composer.compose_many(own)).to_numpy(), expected.to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(composer.compose_table(own)[0].to_numpy(), expected.to_numpy(), rtol=1e-11)
+    assert (expected["dp_sync_ms"].to_numpy()[0::2] < composed_frame(exposed)["dp_sync_ms"].to_numpy()[0::2]).any()

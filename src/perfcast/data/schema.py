@@ -137,7 +137,7 @@ RUN_INT_COLUMNS = (
     "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "zero_stage",
     "lora_rank", "num_gpus", "gpus_per_node",
 )  # fmt: skip
-RUN_BOOL_COLUMNS = ("sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention")
+RUN_BOOL_COLUMNS = ("sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce")
 RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""
 RECOMPUTE_NAMES = ("none", "selective", "full")

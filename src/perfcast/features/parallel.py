@@ -46,6 +46,10 @@ class ParallelConfig(BaseModel):
     schedule. Batches are counted in sequences. ``flash_attention`` (fused attention that
     keeps no score matrix) is the default of current frameworks; ``False`` models the
     unfused attention of Korthikanti et al. 2022, which stores the scores for backward.
+    ``overlap_grad_reduce`` starts the data-parallel gradient sync during the last
+    microbatch's backward (Megatron-LM/NeMo ``overlap_grad_reduce``, Apex
+    ``distributed_fused_adam``), so only the part longer than that backward is exposed;
+    the default is the exposed sync of Megatron-DeepSpeed.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -65,6 +69,7 @@ class ParallelConfig(BaseModel):
     lora_rank: int = Field(0, ge=0)
     dtype: DType = DType.BF16
     flash_attention: bool = True
+    overlap_grad_reduce: bool = False
 
     @model_validator(mode="after")
     def _check_own_fields(self) -> ParallelConfig:

@@ -44,7 +44,11 @@ MODEL_FIELDS = (
     "moe_ffn_hidden_size",
     "moe_layer_freq",
 )
-PARALLEL_FIELDS = (*RUN_COLUMNS[RUN_COLUMNS.index("tp") : RUN_COLUMNS.index("dtype") + 1], "flash_attention")
+PARALLEL_FIELDS = (
+    *RUN_COLUMNS[RUN_COLUMNS.index("tp") : RUN_COLUMNS.index("dtype") + 1],
+    "flash_attention",
+    "overlap_grad_reduce",
+)
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
 _TRUE = {"1", "1.0", "true", "yes", "y", "t"}

@@ -288,7 +288,7 @@ class BodyPlan:
         codes = [np.array([code.get(g, -1) for g in t.arrays["group"]], dtype=np.int64) for t in templates]
         self.group_code = np.concatenate(codes)[rows] if templates else np.zeros(0, np.int64)
         self.comm_body, self.comm_first, self.comm_last = comm & self.on_stage, comm & self.first, comm & self.last
-        self.not_forward = cat("not_forward").astype(bool) if overlap_grad_reduce else None
+        self.not_forward = cat("not_forward").astype(bool)
         self.overlap_grad_reduce = overlap_grad_reduce
 
     def _sum(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -340,12 +340,10 @@ class BodyPlan:
         for mask, on in ((self.comm_first, busiest_first), (self.comm_last, busiest_last)):
             comm = comm + np.where(on[:, None], self._group_sum(mask, weighted), 0.0)
             count = count + np.where(on[:, None], self._group_sum(mask, np.ones(len(weighted))), 0.0)
-        last_backward = np.zeros(self.num_bodies)
-        if self.not_forward is not None:
-            nf = self.not_forward
-            last_backward = self._sum(self.body & nf, weighted)
-            last_backward += np.where(busiest_first, self._sum(self.first & nf, weighted), 0.0)
-            last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
+        nf = self.not_forward
+        last_backward = self._sum(self.body & nf, weighted)
+        last_backward += np.where(busiest_first, self._sum(self.first & nf, weighted), 0.0)
+        last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
         return {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
                 "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0}  # fmt: skip
 
@@ -356,9 +354,13 @@ class BodyPlan:
         num_microbatches: np.ndarray,
         dp_sync_ms: np.ndarray,
         optimizer_ms: np.ndarray,
+        overlap_grad_reduce: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Breakdown columns of configs: each runs body ``body[i]`` with ``num_microbatches[i]``
         microbatches and its step nodes' gradient sync and optimizer times (ms).
+
+        ``overlap_grad_reduce``: per config, hide its data-parallel sync behind the last
+        backward (besides the plan-wide setting); None: the plan-wide setting alone.
 
         Returns:
             ``step_ms, compute_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
@@ -381,8 +383,10 @@ class BodyPlan:
         for values in comm_ms.values():
             exposed_comm = exposed_comm + np.nan_to_num(values)
         dp_sync = np.asarray(dp_sync_ms, dtype=float)
-        if self.overlap_grad_reduce:
-            dp_sync = np.maximum(0.0, dp_sync - stages["last_backward_ms"][body])
+        hide = np.full(len(m), self.overlap_grad_reduce)
+        if overlap_grad_reduce is not None:
+            hide = hide | np.asarray(overlap_grad_reduce, dtype=bool)
+        dp_sync = np.where(hide, np.maximum(0.0, dp_sync - stages["last_backward_ms"][body]), dp_sync)
         optimizer = np.asarray(optimizer_ms, dtype=float)
         return {
             "step_ms": pipeline + dp_sync + optimizer,

@@ -229,15 +229,14 @@ class StepComposer:
         pred, lo, hi, ood = self._time_nodes(configs, graphs)
         out = []
         start = 0
-        for graph, scope in zip(graphs, scopes, strict=True):
+        for graph, scope, config in zip(graphs, scopes, configs, strict=True):
             end = start + graph.num_nodes
             keep = _in_scope(graph, scope)
             ms, lo_ms, hi_ms = (np.where(keep, a[start:end], 0.0) for a in (pred, lo, hi))
             extrapolates = bool((keep & ood[start:end]).any())
             start = end
-            breakdown, lo_step, hi_step = compose_steps(
-                graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=self.overlap_grad_reduce
-            )
+            overlap = self.overlap_grad_reduce or config.parallel.overlap_grad_reduce
+            breakdown, lo_step, hi_step = compose_steps(graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=overlap)
             out.append(
                 ComposedStep(
                     graph=graph,
@@ -289,6 +288,7 @@ class StepComposer:
 
         plan = BodyPlan(batch.bodies, overlap_grad_reduce=self.overlap_grad_reduce)
         m = np.array([c.parallel.num_microbatches for c in configs], dtype=float)
+        overlap = np.array([c.parallel.overlap_grad_reduce for c in configs], dtype=bool)
         results: list[dict[str, np.ndarray]] = []
         for k, node_ms in enumerate(times[:3]):  # median, lower and upper bounds
             same = next((results[j] for j in range(k) if np.array_equal(times[j], node_ms)), None)
@@ -299,7 +299,8 @@ class StepComposer:
             dp_sync = np.bincount(step_seg, np.where(is_optimizer, 0.0, step_ms), minlength=len(batch.steps))
             optimizer = np.bincount(step_seg, np.where(is_optimizer, step_ms, 0.0), minlength=len(batch.steps))
             stages = plan.stages(node_ms[body_rows], HOST_MS_PER_KERNEL)
-            results.append(plan.finish(stages, batch.body_of, m, dp_sync[batch.steps_of], optimizer[batch.steps_of]))
+            sync, optim = dp_sync[batch.steps_of], optimizer[batch.steps_of]
+            results.append(plan.finish(stages, batch.body_of, m, sync, optim, overlap_grad_reduce=overlap))
         ood = times[3]
         body_ood = np.bincount(plan.seg, ood[body_rows], minlength=len(batch.bodies)) > 0
         step_ood = np.bincount(step_seg, ood[n_base:], minlength=len(batch.steps)) > 0

@@ -92,6 +92,8 @@ class RunRow(BaseModel):
     finetune: str | None = Field(None, description="full or lora")
     lora_rank: int | None = Field(None, ge=0)
     dtype: str | None = None
+    flash_attention: bool | None = None
+    overlap_grad_reduce: bool | None = Field(None, description="Data-parallel sync overlapped with the last backward")
     gpu: str = Field(..., description="Catalog id or device name")
     num_gpus: int | None = Field(None, ge=1)
     gpus_per_node: int | None = Field(None, ge=1)
