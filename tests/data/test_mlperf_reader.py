@@ -116,12 +116,13 @@ def test_llm_runs_fixture(tmp_path: Path) -> None:
     assert (gpt3["tp"], gpt3["pp"], gpt3["cp"], gpt3["vpp"], gpt3["dp"], gpt3["micro_batch"]) == (4, 8, 1, 12, 16, 1)
     assert (gpt3["dtype"], gpt3["timing_scope"], gpt3["gpu"]) == ("fp8", "step", "NVIDIA H100-SXM5-80GB")
     assert gpt3["measured_step_ms"] == pytest.approx(11040.0) and gpt3["measured_ttt_min"] == pytest.approx(58.2)
-    assert gpt3["defaulted_fields"] == "recompute;cp;sequence_parallel"
+    assert gpt3["defaulted_fields"] == "recompute;zero_stage;overlap_grad_reduce;cp;sequence_parallel"
+    assert (gpt3["zero_stage"], gpt3["overlap_grad_reduce"]) == (1, True)  # NeMo's distributed_fused_adam
     assert gpt3["source"] == "mlperf:mlcommons/training_results_v3.1:NVIDIA/results/eos_n64/gpt3/result_0.txt"
     assert (lora["model"], lora["num_kv_heads"], lora["seq_len"], lora["finetune"]) == ("llama2-70b", 8, 8192, "lora")
     assert (lora["lora_rank"], lora["micro_batch"], lora["dtype"], lora["sequence_parallel"]) == (16, 1, "bf16", True)
     assert lora["timing_scope"] == "time_to_train" and pd.isna(lora["measured_step_ms"])
-    assert lora["defaulted_fields"] == "seq_len;recompute;vpp;micro_batch;dtype"
+    assert lora["defaulted_fields"] == "seq_len;recompute;zero_stage;overlap_grad_reduce;vpp;micro_batch;dtype"
     reasons = result.rejected[REASON_COLUMN].tolist()
     assert "parallel layout unknown: config not matched (no config found)" in reasons[0]
     assert reasons[1] == "duplicate of mlcommons/training_results_v3.0:x/result_0.txt"
@@ -250,3 +251,15 @@ def test_real_llm_runs_details() -> None:
     assert reasons.str.startswith("parallel layout unknown").sum() == 217
     assert reasons.str.startswith("duplicate of").sum() == 13
     assert reasons.str.startswith("run log missing").sum() == 10
+
+
+def test_unstated_vpp_comes_from_stated_configs_of_the_same_layout(tmp_path: Path) -> None:
+    rows = [
+        _GPT3,  # states vpp 12
+        {**_GPT3, "run_file": "a/result_1.txt", "cfg_vpp_interleave": ""},  # same layout, vpp unstated -> 12
+        {**_GPT3, "run_file": "b/result_2.txt", "cfg_vpp_interleave": "", "cfg_micro_batch": "2"},  # no evidence
+        {**_GPT3, "run_file": "c/result_3.txt", "cfg_vpp_interleave": "", "cfg_pp": "1", "cfg_tp": "32"},  # pp=1
+    ]
+    records = read_mlperf_llm_runs(_write(tmp_path, LLM_RUNS_HEADER, rows, "runs.csv")).records
+    assert records["vpp"].tolist() == [12, 12, 1, 1]
+    assert ["vpp" in f.split(";") for f in records["defaulted_fields"]] == [False, True, True, True]

@@ -40,10 +40,18 @@ log as ``global_batch / (gradient_accumulation_steps * dp)`` if that is whole),
 logged, sequences), ``num_gpus = n_accelerators``, ``gpus_per_node = accelerators_per_node``,
 ``dtype = fp8`` when ``cfg_fp8`` is true, else ``bf16`` (NeMo's default precision; the column
 is only ever true or blank, so blank means "not set in the config file", which may miss FP8
-set elsewhere), ``ep = 1``, ``zero_stage = 0`` (Megatron's distributed optimizer is not
-recorded). ``recompute`` is not recorded in the configs: it is set to ``"none"``, and
-every value that came from a default rather than the source is listed in the
-``defaulted_fields`` column (``;``-separated, e.g. ``"cp;vpp;sequence_parallel;recompute"``),
+set elsewhere), ``ep = 1``. A config that does not set ``vpp`` (NVIDIA's v3.1 GPT-3 configs)
+takes the most common ``vpp`` of the configs in the same file that state it for the same
+benchmark, ``tp``, ``pp`` and micro batch (every stated NVIDIA GPT-3 config interleaves;
+plain 1F1B would nearly double a step of 8 microbatches), else 1. The framework is not a
+column either: these submissions run NVIDIA's NeMo, whose LLM recipes train with Apex's
+``distributed_fused_adam`` (optimizer state sharded over data-parallel ranks and the
+gradient reduce-scatter overlapped with the last backward), so LLM rows get
+``zero_stage = 1`` and ``overlap_grad_reduce = True`` (BERT rows: 0 and False).
+``recompute`` is not recorded in the configs: it is set to ``"none"``, and
+every value that came from a default, a framework setting or another row rather than the
+row's own source is listed in the ``defaulted_fields`` column (``;``-separated, e.g.
+``"recompute;zero_stage;overlap_grad_reduce;cp;vpp"``),
 so a consumer can drop or down-weight rows whose layout is partly assumed.
 
 BERT: ``micro_batch = cfg_local_batch_per_gpu_BATCHSIZE`` when present, else
@@ -146,7 +154,7 @@ BERT_SYSTEMS_REQUIRED: tuple[str, ...] = (*_COMMON_REQUIRED, *_SYSTEM_REQUIRED, 
 
 _TRUE = frozenset({"true", "1", "1.0", "yes"})
 _FALSE = frozenset({"false", "0", "0.0", "no"})
-_EXTRA_COLUMNS = ("gated_mlp", "tied_embeddings", "model", "architecture")
+_EXTRA_COLUMNS = ("gated_mlp", "tied_embeddings", "overlap_grad_reduce", "model", "architecture")
 _MEASURED_COLUMNS = ("timing_scope", "measured_step_ms", "measured_ttt_min")
 
 
@@ -273,6 +281,11 @@ def _layout(raw: pd.DataFrame, r: RejectionReasons, *, llm: bool) -> tuple[pd.Da
     out["num_gpus"], out["gpus_per_node"], out["global_batch"], out["gpu"] = num_gpus, gpn, gbs, gpu
     out["ep"], out["zero_stage"], out["recompute"] = 1, 0, "none"
     note(np.ones(n, dtype=bool), "recompute")
+    out["overlap_grad_reduce"] = False
+    if llm:  # NeMo's distributed_fused_adam (module docstring)
+        out["zero_stage"], out["overlap_grad_reduce"] = 1, True
+        note(np.ones(n, dtype=bool), "zero_stage")
+        note(np.ones(n, dtype=bool), "overlap_grad_reduce")
 
     if llm:
         _llm_layout(raw, r, out, note)
@@ -295,6 +308,7 @@ def _llm_layout(raw: pd.DataFrame, r: RejectionReasons, out: pd.DataFrame, note)
     r.add(has & ~(_whole(tp) & _whole(pp)), "cfg_tp/cfg_pp are not positive integers")
     note(cp.isna(), "cp")
     note(vpp.isna(), "vpp")
+    stated_vpp = vpp
     cp, vpp = cp.fillna(1.0), vpp.fillna(1.0)
     r.add(has & ~(_whole(cp) & _whole(vpp)), "cfg_cp/cfg_vpp_interleave are not positive integers")
     dp = _num(raw, "derived_dp")
@@ -315,10 +329,22 @@ def _llm_layout(raw: pd.DataFrame, r: RejectionReasons, out: pd.DataFrame, note)
     lora = out["finetune"] == "lora"
     rank = _num(raw, "lora_rank")
     r.add(lora & ~_whole(rank), "lora_rank missing from the log")
+    vpp = vpp.where(~(stated_vpp.isna() & has & (pp > 1)), _vpp_from_stated_configs(raw, tp, pp, mbs, stated_vpp, has))
     out["tp"], out["pp"], out["cp"], out["vpp"], out["dp"], out["micro_batch"] = tp, pp, cp, vpp, dp, mbs
     out["sequence_parallel"] = seq_par.fillna(False).astype(bool)
     out["dtype"] = np.where(fp8.fillna(False).to_numpy(dtype=bool), "fp8", DEFAULT_DTYPE)
     out["lora_rank"] = rank.where(lora, 0.0)
+
+
+def _vpp_from_stated_configs(
+    raw: pd.DataFrame, tp: pd.Series, pp: pd.Series, mbs: pd.Series, stated: pd.Series, has: np.ndarray
+) -> pd.Series:
+    """Per row, the most common stated ``vpp`` of the file's configs with the same benchmark, tp, pp and
+    micro batch (1 where none states one); only layout fields are read, never measured times."""
+    key = _text(raw, "benchmark") + "|" + tp.astype(str) + "|" + pp.astype(str) + "|" + mbs.astype(str)
+    known = stated.notna() & has
+    evidence = stated[known].groupby(key[known]).agg(lambda v: v.mode().iloc[0])
+    return key.map(evidence).fillna(1.0).astype(float)
 
 
 def _bert_layout(raw: pd.DataFrame, out: pd.DataFrame, note) -> None:  # noqa: ANN001
