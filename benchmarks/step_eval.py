@@ -16,7 +16,12 @@ iterations, NeuSight end-to-end latencies and MLPerf GPT-3 step times
   features: no cluster-scale feature; correction shrunk off the training hardware/model
   range) on the run features of that composition, trained on the split's training rows
   (sources weighted equally), interval calibrated on held-out GPU-count groups with the
-  same source weights.
+  same source weights and, for rows off the training hardware/model range, also on held-out
+  (source, GPU, MLPerf round) groups.
+
+A section compares the out-of-domain rules of :class:`StepTimeRegressor` (correction of
+rows beyond the training range: scaled or none; interval: cluster, domain or wider) on
+every split for gbdt(composed).
 
 Measured runs are read by :func:`load_runs`, which fills what the MLPerf tables leave out:
 the interleaving depth ``vpp`` of NVIDIA's v3.1 GPT-3 configs from the configs that state
@@ -56,6 +61,7 @@ from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.bundle import load_bundle
 from perfcast.models.collective_model import CollectiveTimeRegressor
 from perfcast.models.composer import StepComposer
+from perfcast.models.step_model import OOD_CORRECTIONS, OOD_INTERVALS
 from perfcast.training.train_steps import (
     SPLITS,
     build_step_table,
@@ -157,6 +163,7 @@ def main() -> None:
         "invalid_config_reasons": base.errors["error"].value_counts().head(10).to_dict(),
         "compose_seconds": {k: round(tables[k + ":seconds"], 1) for k in composers},
         "splits": {},
+        "ood_rules": {},
         "all_rows_by_source": {
             source: {
                 name: _score(
@@ -187,6 +194,7 @@ def main() -> None:
             interval = model.predict_interval(tables[name].features, coverage=args.coverage)
             bounds[name] = (interval[:, 0], interval[:, 1])
             rows[f"gbdt({name})"] = _score(base.runs, test, preds[name], *bounds[name])
+        result["ood_rules"][split] = _ood_rules(tables["composed"], train, test, args.coverage)
         test_runs = base.runs[test]
         if split == "mlperf_small_to_large":
             result["mlperf_large_rows"] = _per_system_rows(tables, test, preds["composed"], bounds["composed"])
@@ -218,6 +226,20 @@ def main() -> None:
     (OUT / "step_eval.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
     (OUT / "step_eval.md").write_text(to_markdown(result))
     print(to_markdown(result))
+
+
+def _ood_rules(table, train: np.ndarray, test: np.ndarray, coverage: float) -> dict[str, dict]:
+    """gbdt(composed) on ``test`` under each out-of-domain correction and interval rule (plus no domain hold-out)."""
+    out = {}
+    X = table.features
+    for correction in OOD_CORRECTIONS:
+        model = fit_step_model(table, train, ood_correction=correction)
+        pred = model.predict(X)
+        for rule in OOD_INTERVALS:
+            interval = model.set_params(ood_interval=rule).predict_interval(X, coverage=coverage)
+            out[f"{correction} / {rule}"] = _score(table.runs, test, pred, interval[:, 0], interval[:, 1])
+        out[f"{correction} / rows out of domain"] = {"n": float((model.extrapolation_distance(X[test]) > 0).sum())}
+    return out
 
 
 def _fmt(m: dict, key: str, spec: str = ".1f", scale: float = 1.0) -> str:
@@ -272,6 +294,28 @@ def to_markdown(result: dict) -> str:
                 f"| {_fmt(m, 'spearman_mean', '.3f')} ({int(m['spearman_groups'])}) "
                 f"| {_fmt(m, 'median_ratio_measured_over_pred', '.2f')} |"
             )
+    if result.get("ood_rules"):
+        lines += [
+            "",
+            "## Out-of-domain rules: gbdt(composed) per correction / interval rule",
+            "",
+            "Correction of rows beyond the training range (extrapolation distance d > 0): `scaled` = f/(1+d), "
+            "`none` = the composed step. Interval: `cluster` = residuals of held-out cluster sizes only; "
+            "`domain` = the wider of those and the residuals of held-out (source, GPU, MLPerf round) groups for "
+            "rows with d > 0; `wider` = that for every row. Default: scaled / domain.",
+            "",
+            "| split | correction / interval | rows d>0 | MAPE | median APE | p90 APE | cov | width |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for split, rules in result["ood_rules"].items():
+            for name, m in rules.items():
+                if "rows out of domain" in name:
+                    continue
+                n_out = int(rules[name.split(" / ")[0] + " / rows out of domain"]["n"])
+                lines.append(
+                    f"| {split} | {name} | {n_out} | {_fmt(m, 'mape')} | {_fmt(m, 'median_ape')} "
+                    f"| {_fmt(m, 'p90_ape')} | {_fmt(m, 'coverage', '.0%')} | {_fmt(m, 'rel_width', '.2f')} |"
+                )
     if "mlperf_large_rows" in result:
         lines += [
             "",

@@ -122,3 +122,73 @@ def test_interval_weighs_residuals_like_the_fit():
     assert balanced.residual_weights_.sum() == pytest.approx(1.0)
     width = {name: np.diff(m.predict_interval(X[:5]), axis=1).mean() for name, m in (("p", plain), ("b", balanced))}
     assert width["b"] > 1.5 * width["p"]
+
+
+@pytest.fixture(scope="module")
+def two_domains():
+    """Rows on two 'hardware' domains (peak_tflops sign) whose measured/composed ratio differs by exp(0.3)."""
+    X, y, groups = _data(n=300, seed=5)
+    domain = (X["peak_tflops"] > 0).to_numpy()
+    y = y * np.exp(0.3 * domain)
+    inside = X.iloc[:20].copy()
+    outside = inside.assign(peak_tflops=X["peak_tflops"].max() + 10.0)  # one range beyond: d >= 1
+    return X, y, groups, domain, inside, outside
+
+
+def test_domain_residuals_widen_the_interval_of_rows_off_the_training_range(two_domains):
+    X, y, groups, domain, inside, outside = two_domains
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
+    assert len(model.domain_residuals_) == len(y) and model.domain_residual_weights_.sum() == pytest.approx(1.0)
+    assert (model.extrapolation_distance(inside) == 0).all() and (model.extrapolation_distance(outside) >= 1).all()
+    width = {}
+    for rule in ("cluster", "domain", "wider"):
+        model.set_params(ood_interval=rule)
+        width[rule] = {name: np.diff(model.predict_interval(rows), axis=1).ravel() for name, rows in
+                       (("in", inside), ("out", outside))}  # fmt: skip
+    np.testing.assert_array_equal(width["domain"]["in"], width["cluster"]["in"])
+    assert (width["domain"]["out"] > width["cluster"]["out"]).all()
+    assert (width["wider"]["in"] > width["cluster"]["in"]).all()
+    np.testing.assert_array_equal(width["wider"]["out"], width["domain"]["out"])
+
+
+def test_fewer_than_two_domains_leave_every_row_on_the_cluster_residuals(two_domains):
+    X, y, groups, _, _, outside = two_domains
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=np.zeros(len(y)))
+    assert len(model.domain_residuals_) == 0
+    cluster = model.predict_interval(outside)
+    np.testing.assert_array_equal(model.set_params(ood_interval="wider").predict_interval(outside), cluster)
+
+
+def test_no_correction_off_the_training_range_returns_the_composed_step(two_domains):
+    X, y, groups, domain, inside, outside = two_domains
+    scaled = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
+    none = StepTimeRegressor(ood_correction="none", **SMALL).fit(X, y, groups=groups, domain_groups=domain)
+    np.testing.assert_allclose(none.predict(outside), np.exp(outside["log_composed_step_ms"]))
+    assert not np.allclose(scaled.predict(outside), np.exp(outside["log_composed_step_ms"]))
+    np.testing.assert_array_equal(none.predict(inside), scaled.predict(inside))
+
+
+def test_bundles_saved_without_domain_residuals_still_load(two_domains, tmp_path):
+    X, y, groups, domain, _, outside = two_domains
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
+    meta = model._save_to(tmp_path)
+    loaded = StepTimeRegressor._load_from(tmp_path, meta)
+    np.testing.assert_array_equal(loaded.predict_interval(outside), model.predict_interval(outside))
+    old = {k: v for k, v in meta.items() if not k.startswith("domain_residual")}
+    old["params"] = {k: v for k, v in meta["params"].items() if not k.startswith("ood_")}
+    legacy = StepTimeRegressor._load_from(tmp_path, old)
+    assert len(legacy.domain_residuals_) == 0
+    expected = model.set_params(ood_interval="cluster").predict_interval(outside)
+    np.testing.assert_array_equal(legacy.predict_interval(outside), expected)
+    with pytest.raises(BundleError, match="malformed"):
+        StepTimeRegressor._load_from(tmp_path, {**meta, "domain_residual_weights": [1.0]})
+
+
+def test_bad_out_of_domain_settings_are_refused():
+    X, y, groups = _data(n=40)
+    with pytest.raises(SpecError, match="ood_correction"):
+        StepTimeRegressor(ood_correction="half", **SMALL).fit(X, y)
+    with pytest.raises(SpecError, match="ood_interval"):
+        StepTimeRegressor(ood_interval="all", **SMALL).fit(X, y)
+    with pytest.raises(SpecError, match="domain_groups"):
+        StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=np.zeros(3))

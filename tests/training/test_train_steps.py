@@ -12,6 +12,7 @@ from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
     apply_framework_settings,
     build_step_table,
+    domain_groups,
     evaluate_steps,
     fit_step_model,
     group_spearman,
@@ -102,6 +103,21 @@ def test_gbdt_corrects_the_composed_step(table):
     assert gbdt["mape"] < 0.5 * composed["mape"]
     assert {"coverage", "rel_width", "spearman_mean", "spearman_pooled"} <= set(gbdt)
     assert "coverage" not in composed
+
+
+def test_domain_groups_name_source_gpu_and_round(table):
+    labels = domain_groups(table)
+    assert labels.shape == (len(table.runs),) and set(labels) == {"vtrain:a100-sxm4-80gb:"}
+    runs = table.runs.assign(source="mlperf", mlperf_version=np.where(np.arange(len(table.runs)) % 2, "v3.1", "v4.1"))
+    relabeled_table = type(table)(runs, table.features, table.configs, table.steps, table.errors)
+    assert set(domain_groups(relabeled_table)) == {"mlperf:a100-sxm4-80gb:v3.1", "mlperf:a100-sxm4-80gb:v4.1"}
+    train = np.ones(len(runs), dtype=bool)
+    one = fit_step_model(table, train, n_estimators=20, max_depth=2, n_jobs=1)
+    assert len(one.domain_residuals_) == 0  # a single domain: nothing to hold out
+    two = fit_step_model(relabeled_table, train, n_estimators=20, max_depth=2, n_jobs=1)
+    assert len(two.domain_residuals_) == len(runs)
+    off = fit_step_model(relabeled_table, train, hold_out_domains=False, n_estimators=20, max_depth=2, n_jobs=1)
+    assert len(off.domain_residuals_) == 0
 
 
 def test_group_spearman_counts_only_groups_large_enough():

@@ -24,10 +24,12 @@ any seen, a model shape never trained on) gets a correction the trees learned el
 With ``shrink_out_of_domain`` the correction is shrunk toward the composed step by its
 extrapolation distance ``d`` (:meth:`StepTimeRegressor.extrapolation_distance`: per used
 descriptor of :data:`DOMAIN_FEATURES`, how far the row lies beyond the training range in
-units of that range, at most 1 per descriptor, summed): ``f(x) / (1 + d)``; the interval
-widens by the same factor (below). Layout and breakdown features are not checked: a
-larger data-parallel group shifts the breakdown fractions a little past their training
-range on every scale-up, which is the extrapolation the composer is there to carry.
+units of that range, at most 1 per descriptor, summed): ``f(x) / (1 + d)``
+(``ood_correction="scaled"``) or dropped altogether, leaving the composed step
+(``ood_correction="none"``); the interval widens by ``1 + d`` (below). Layout and
+breakdown features are not checked: a larger data-parallel group shifts the breakdown
+fractions a little past their training range on every scale-up, which is the
+extrapolation the composer is there to carry.
 
 Interval: split-conformal at the level of groups. ``fit(X, y, groups=...)`` holds each
 group out in turn (at most ``n_calibration_folds`` folds of whole groups), fits a booster
@@ -45,6 +47,21 @@ finite-sample correction ``(n_eff+1)/n_eff`` at the effective sample size
 Grouping by cluster size makes the residuals those of extrapolating to a
 cluster size not seen in training, which is how the model is used; without ``groups``
 every row is its own group (plain K-fold).
+
+New hardware and software: a query on a GPU or a software release (an MLPerf round) not
+in training faces a larger error than a new cluster size of known hardware: the
+correction learned on older releases carries their overhead forward. ``fit(...,
+domain_groups=...)`` (e.g. source, GPU type and round) also holds out each domain group
+in turn (leave-one-group-out) and keeps those residuals (``domain_residuals_``, same
+score, weights and finite-sample rule). ``ood_interval`` picks the quantiles per row:
+``"domain"`` (default) takes, per bound, the wider of the cluster-size and the domain
+quantiles for rows with ``d > 0`` and the cluster-size ones inside the training range;
+``"wider"`` does so for every row (the features do not say whether a query comes from a
+new software release, so this treats every query as possibly one, at the price of
+over-covering queries from a known release); ``"cluster"`` ignores the domain residuals.
+With fewer than 2 domain groups there are no domain residuals and every row uses the
+cluster-size ones. A new release on known hardware (``d = 0``) is not detected by any of
+these: the features carry no software version.
 """
 
 from __future__ import annotations
@@ -61,7 +78,14 @@ from sklearn.utils.validation import check_is_fitted
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_features import COMPOSED_STEP_COLUMN, RUN_FEATURE_SPEC, RUN_FEATURE_SPEC_VERSION
 
-__all__ = ["DEFAULT_FEATURES", "DOMAIN_FEATURES", "SCALE_FEATURES", "StepTimeRegressor"]
+__all__ = [
+    "DEFAULT_FEATURES",
+    "DOMAIN_FEATURES",
+    "OOD_CORRECTIONS",
+    "OOD_INTERVALS",
+    "SCALE_FEATURES",
+    "StepTimeRegressor",
+]
 
 BOOSTER_FILE = "step_gbdt.ubj"
 SCALE_FEATURES: tuple[str, ...] = ("dp", "log2_global_batch", "log2_num_gpus", "num_nodes", "log2_num_microbatches")
@@ -73,6 +97,10 @@ DOMAIN_FEATURES: tuple[str, ...] = (
     "log2_hidden", "num_layers", "log2_seq_len", "log10_params", "head_dim", "ffn_ratio", "is_moe", "gated_mlp",
 )  # fmt: skip
 """Hardware and model descriptors whose distance beyond the training range shrinks the correction."""
+OOD_CORRECTIONS: tuple[str, ...] = ("scaled", "none")
+"""Correction of a row at extrapolation distance ``d > 0``: ``f / (1 + d)``, or none (the composed step)."""
+OOD_INTERVALS: tuple[str, ...] = ("domain", "wider", "cluster")
+"""Which held-out residuals a row's interval uses (see the module docstring)."""
 
 
 def _ranges(data: np.ndarray) -> np.ndarray:
@@ -80,6 +108,18 @@ def _ranges(data: np.ndarray) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.vstack([np.nanmin(data, axis=0), np.nanmax(data, axis=0)])
+
+
+def _conformal_bounds(r: np.ndarray, w: np.ndarray, coverage: float) -> tuple[float, float]:
+    """Weighted conformal quantiles of sorted held-out log residuals ``r`` (see the module docstring)."""
+    n_eff = 1.0 / float(np.sum(w**2))
+    tail = (1.0 - coverage) / 2.0
+    lo_level = max(0.0, (tail * (n_eff + 1.0) - 1.0) / n_eff)
+    hi_level = min(1.0, (1.0 - tail) * (n_eff + 1.0) / n_eff)
+    cdf = np.cumsum(w)
+    pick = np.searchsorted(cdf, [lo_level, hi_level], side="left").clip(0, len(r) - 1)
+    lo, hi = r[pick]
+    return float(min(lo, 0.0)), float(max(hi, 0.0))
 
 
 class StepTimeRegressor(RegressorMixin, BaseEstimator):
@@ -93,6 +133,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             (the run features without :data:`SCALE_FEATURES`).
         shrink_out_of_domain: shrink the correction of rows outside the training range
             and widen their interval (see the module docstring).
+        ood_correction: one of :data:`OOD_CORRECTIONS`, how rows with ``d > 0`` are shrunk.
+        ood_interval: one of :data:`OOD_INTERVALS`, where the domain-held-out residuals apply.
         random_state: seed of the booster's row and column sampling and the fold split.
         n_jobs: XGBoost threads (step tables are small: one thread avoids OpenMP spin costs on busy machines).
 
@@ -101,6 +143,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         feature_names_: the columns used, in order.
         residuals_: sorted held-out log residuals (conformal scores).
         residual_weights_: weight of each residual (its row's sample weight), summing to 1.
+        domain_residuals_, domain_residual_weights_: the same for held-out domain groups
+            (empty without ``domain_groups``).
         domain_features_: the used features of :data:`DOMAIN_FEATURES`, in order.
         feature_ranges_: ``(2, len(domain_features_))`` training minimum and maximum of each.
     """
@@ -121,6 +165,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         n_calibration_folds: int = 5,
         features: tuple[str, ...] | None = None,
         shrink_out_of_domain: bool = True,
+        ood_correction: str = "scaled",
+        ood_interval: str = "domain",
         random_state: int = 0,
         n_jobs: int = 1,
     ) -> None:
@@ -134,12 +180,16 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.n_calibration_folds = n_calibration_folds
         self.features = features
         self.shrink_out_of_domain = shrink_out_of_domain
+        self.ood_correction = ood_correction
+        self.ood_interval = ood_interval
         self.random_state = random_state
         self.n_jobs = n_jobs
 
     # ------------------------------------------------------------------------ fit
 
-    def fit(self, X: pd.DataFrame, y: Any, *, groups: Any = None, sample_weight: Any = None) -> Self:
+    def fit(
+        self, X: pd.DataFrame, y: Any, *, groups: Any = None, domain_groups: Any = None, sample_weight: Any = None
+    ) -> Self:
         """Fit the booster on all rows and the conformal residuals on held-out groups.
 
         Args:
@@ -147,6 +197,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             y: measured step times, ms, all > 0.
             groups: group label per row for the held-out calibration folds (e.g. the
                 cluster size); ``None`` makes each row its own group.
+            domain_groups: optional hardware/software label per row (e.g. source, GPU
+                type and release); each is held out in turn for the domain residuals.
             sample_weight: optional non-negative weight per row.
 
         Raises:
@@ -154,6 +206,10 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         """
         if self.n_calibration_folds < 2:
             raise SpecError(f"n_calibration_folds={self.n_calibration_folds} must be >= 2")
+        if self.ood_correction not in OOD_CORRECTIONS:
+            raise SpecError(f"ood_correction={self.ood_correction!r} unknown; allowed: {', '.join(OOD_CORRECTIONS)}")
+        if self.ood_interval not in OOD_INTERVALS:
+            raise SpecError(f"ood_interval={self.ood_interval!r} unknown; allowed: {', '.join(OOD_INTERVALS)}")
         names = self._feature_names(X)
         target = self._log_ratio(X, y)
         weights = np.ones(len(target)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
@@ -165,27 +221,49 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         unique = np.unique(labels)
         if len(unique) < 2:
             raise SpecError(f"need at least 2 groups for the held-out calibration, got {len(unique)}")
+        domains = None if domain_groups is None else np.asarray(domain_groups)
+        if domains is not None and domains.shape != target.shape:
+            raise SpecError(f"domain_groups has {domains.shape[0]} entries for {len(target)} rows")
         data = X.loc[:, names].to_numpy(dtype=float)
         check = np.isin(names, DOMAIN_FEATURES)
         rng = np.random.default_rng(self.random_state)
         fold_of_group = rng.permutation(len(unique)) % min(self.n_calibration_folds, len(unique))
         folds = fold_of_group[np.searchsorted(unique, labels)]
-        residuals = np.empty(len(target))
-        for k in np.unique(folds):
-            held = folds == k
-            booster = self._train(data[~held], target[~held], weights[~held])
-            scale = 1.0 + self._distance(data[held][:, check], _ranges(data[~held][:, check]))
-            residuals[held] = (target[held] - self._raw(booster, data[held]) / scale) / scale
-        order = np.argsort(residuals, kind="stable")
+        self.residuals_, self.residual_weights_ = self._held_out_scores(data, target, weights, folds, check)
+        self.domain_residuals_, self.domain_residual_weights_ = np.empty(0), np.empty(0)
+        if domains is not None and len(np.unique(domains)) >= 2:
+            domain_folds = np.searchsorted(np.unique(domains), domains)
+            self.domain_residuals_, self.domain_residual_weights_ = self._held_out_scores(
+                data, target, weights, domain_folds, check
+            )
         self.feature_names_ = names
-        self.residuals_ = residuals[order]
-        total = weights.sum()
-        self.residual_weights_ = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
         self.domain_features_ = tuple(names[i] for i in np.flatnonzero(check))
         self.feature_ranges_ = _ranges(data[:, check])
         self.booster_ = self._train(data, target, weights)
         self.n_features_in_ = len(names)
         return self
+
+    def _held_out_scores(
+        self, data: np.ndarray, target: np.ndarray, weights: np.ndarray, folds: np.ndarray, check: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted conformal scores of each fold held out in turn, and their weights (summing to 1)."""
+        residuals = np.empty(len(target))
+        for k in np.unique(folds):
+            held = folds == k
+            booster = self._train(data[~held], target[~held], weights[~held])
+            distance = self._distance(data[held][:, check], _ranges(data[~held][:, check]))
+            correction = self._shrink(self._raw(booster, data[held]), distance)
+            residuals[held] = (target[held] - correction) / (1.0 + distance)
+        order = np.argsort(residuals, kind="stable")
+        total = weights.sum()
+        w = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
+        return residuals[order], w
+
+    def _shrink(self, raw: np.ndarray, distance: np.ndarray) -> np.ndarray:
+        """The log correction of rows at extrapolation ``distance`` (see :data:`OOD_CORRECTIONS`)."""
+        if self.ood_correction == "none":
+            return np.where(distance > 0, 0.0, raw)
+        return raw / (1.0 + distance)
 
     def _feature_names(self, X: Any) -> tuple[str, ...]:
         if not isinstance(X, pd.DataFrame):
@@ -252,10 +330,11 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         return self._distance(X.loc[:, list(self.domain_features_)].to_numpy(dtype=float), self.feature_ranges_)
 
     def _log_pred(self, X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """``log`` of the median step time, ms, and the interval scale ``1 + d`` per row."""
+        """``log`` of the median step time, ms, and the extrapolation distance ``d`` per row."""
         data = self._data(X)
-        scale = 1.0 + self.extrapolation_distance(X)
-        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + self._raw(self.booster_, data) / scale, scale
+        distance = self.extrapolation_distance(X)
+        correction = self._shrink(self._raw(self.booster_, data), distance)
+        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + correction, distance
 
     def predict(self, X: pd.DataFrame) -> np.ndarray:
         """Median step time, ms."""
@@ -265,21 +344,15 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         """``(n, 2)`` lower and upper bounds of the ``coverage`` interval, ms."""
         if not 0.0 < coverage < 1.0:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
-        log_pred, scale = self._log_pred(X)
-        lo_q, hi_q = self._residual_bounds(coverage)
+        log_pred, distance = self._log_pred(X)
+        c_lo, c_hi = _conformal_bounds(self.residuals_, self.residual_weights_, coverage)
+        lo_q, hi_q = np.full(len(log_pred), c_lo), np.full(len(log_pred), c_hi)
+        if len(self.domain_residuals_) and self.ood_interval != "cluster":
+            d_lo, d_hi = _conformal_bounds(self.domain_residuals_, self.domain_residual_weights_, coverage)
+            rows = distance > 0 if self.ood_interval == "domain" else np.ones(len(log_pred), dtype=bool)
+            lo_q[rows], hi_q[rows] = np.minimum(lo_q[rows], d_lo), np.maximum(hi_q[rows], d_hi)
+        scale = 1.0 + distance
         return np.column_stack([np.exp(log_pred + lo_q * scale), np.exp(log_pred + hi_q * scale)])
-
-    def _residual_bounds(self, coverage: float) -> tuple[float, float]:
-        """Weighted conformal quantiles of the held-out log residuals (see the module docstring)."""
-        r, w = self.residuals_, self.residual_weights_
-        n_eff = 1.0 / float(np.sum(w**2))
-        tail = (1.0 - coverage) / 2.0
-        lo_level = max(0.0, (tail * (n_eff + 1.0) - 1.0) / n_eff)
-        hi_level = min(1.0, (1.0 - tail) * (n_eff + 1.0) / n_eff)
-        cdf = np.cumsum(w)
-        pick = np.searchsorted(cdf, [lo_level, hi_level], side="left").clip(0, len(r) - 1)
-        lo, hi = r[pick]
-        return float(min(lo, 0.0)), float(max(hi, 0.0))
 
     # ------------------------------------------------------------------------ persistence
 
@@ -295,6 +368,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "feature_names": list(self.feature_names_),
             "residuals": self.residuals_.tolist(),
             "residual_weights": self.residual_weights_.tolist(),
+            "domain_residuals": self.domain_residuals_.tolist(),
+            "domain_residual_weights": self.domain_residual_weights_.tolist(),
             "domain_features": list(self.domain_features_),
             "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "booster_file": BOOSTER_FILE,
@@ -325,6 +400,11 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
                 if weights is None
                 else np.asarray(weights, dtype=float)
             )
+            # bundles saved before domain residuals: none (every row uses the cluster-size residuals)
+            model.domain_residuals_ = np.asarray(meta.get("domain_residuals", []), dtype=float)
+            model.domain_residual_weights_ = np.asarray(meta.get("domain_residual_weights", []), dtype=float)
+            if model.domain_residuals_.shape != model.domain_residual_weights_.shape:
+                raise ValueError("domain_residuals and domain_residual_weights differ in length")
             model.domain_features_ = tuple(meta.get("domain_features", ()))
             n = len(model.domain_features_)
             model.feature_ranges_ = np.array(meta.get("feature_ranges", [[], []]), dtype=float).reshape(2, n)

@@ -40,6 +40,7 @@ __all__ = [
     "RUN_FILES",
     "StepTable",
     "build_step_table",
+    "domain_groups",
     "fit_step_model",
     "evaluate_steps",
     "group_spearman",
@@ -332,14 +333,33 @@ def evaluate_steps(pred: Any, true: Any, groups: Any, lo: Any = None, hi: Any = 
     return out
 
 
+def domain_groups(table: StepTable) -> np.ndarray:
+    """``source:gpu:release`` label per row of ``table``: GPU id and, for MLPerf, the round (``mlperf_version``).
+
+    A new GPU or a new software release is what a query from a later MLPerf round faces;
+    :func:`fit_step_model` holds out each such group for the domain residuals.
+    """
+    runs = table.runs
+    release = runs.get("mlperf_version", pd.Series("", index=runs.index)).fillna("").astype(str)
+    gpus = pd.Series([c.cluster.gpu.id for c in table.configs], index=runs.index)
+    return (runs["source"].astype(str) + ":" + gpus + ":" + release).to_numpy()
+
+
 def fit_step_model(
-    table: StepTable, train: np.ndarray, *, group_by: str = "num_gpus", balance_sources: bool = True, **params: Any
+    table: StepTable,
+    train: np.ndarray,
+    *,
+    group_by: str = "num_gpus",
+    balance_sources: bool = True,
+    hold_out_domains: bool = True,
+    **params: Any,
 ) -> StepTimeRegressor:
     """Fit a :class:`StepTimeRegressor` on the ``train`` rows of ``table``.
 
     The conformal residuals come from held-out ``(source, group_by)`` groups (by default
-    the cluster size, as the model is used to extrapolate to other cluster sizes). With
-    ``balance_sources`` each source's rows weigh the same in total, so a large table
+    the cluster size, as the model is used to extrapolate to other cluster sizes) and,
+    with ``hold_out_domains``, from held-out :func:`domain_groups` (GPU type and release).
+    With ``balance_sources`` each source's rows weigh the same in total, so a large table
     (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48).
     """
     runs = table.runs[train]
@@ -348,9 +368,14 @@ def fit_step_model(
     if balance_sources:
         counts = runs["source"].map(runs["source"].value_counts()).to_numpy(dtype=float)
         weights = len(runs) / (counts * runs["source"].nunique())
+    domains = domain_groups(table)[train] if hold_out_domains else None
     model = StepTimeRegressor(**params)
     return model.fit(
-        table.features[train], runs["measured_step_ms"].to_numpy(), groups=groups.to_numpy(), sample_weight=weights
+        table.features[train],
+        runs["measured_step_ms"].to_numpy(),
+        groups=groups.to_numpy(),
+        domain_groups=domains,
+        sample_weight=weights,
     )
 
 
