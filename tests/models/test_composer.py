@@ -267,3 +267,24 @@ def test_a_run_row_can_overlap_its_own_gradient_sync():
     np.testing.assert_allclose(composed_frame(composer.compose_many(own)).to_numpy(), expected.to_numpy(), rtol=1e-12)
     np.testing.assert_allclose(composer.compose_table(own)[0].to_numpy(), expected.to_numpy(), rtol=1e-11)
     assert (expected["dp_sync_ms"].to_numpy()[0::2] < composed_frame(exposed)["dp_sync_ms"].to_numpy()[0::2]).any()
+
+
+class PlainBundle:
+    """A bundle seen through the bare protocol: ``predict_ops`` and ``out_of_domain``, no ``predict_ops_flagged``."""
+
+    def __init__(self, bundle):
+        self.predict_ops = bundle.predict_ops
+        self.out_of_domain = bundle.out_of_domain
+
+
+def test_compose_table_with_flagged_op_predictions_equals_the_two_calls():
+    from perfcast.models.bundle import load_bundle
+
+    bundle = load_bundle(Path(perfcast.models.__file__).parent / "default_bundle")
+    rows = [*VARIED, *({**row, "gpu": "b200-hgx"} for row in VARIED[:4])]  # some nodes outside the op domain
+    configs = [parse_run_row(row) for row in rows]
+    got, flags = StepComposer(bundle).compose_table(configs)
+    expected, expected_flags = StepComposer(PlainBundle(bundle)).compose_table(configs)
+    np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-12, atol=0)
+    assert flags.tolist() == expected_flags.tolist()
+    assert got["step_lo_ms"].lt(got["step_hi_ms"]).all()

@@ -291,3 +291,35 @@ def test_gpu_level_interval_is_symmetric_in_log_time(fitted, data):
         pytest.skip("fixture trained on too few GPUs for a GPU-level interval")
     q_lo, q_hi = fitted.residual_quantiles("gemm", 0.9)
     assert q_lo == pytest.approx(-q_hi) and q_hi > 0
+
+
+def test_predict_flagged_matches_the_separate_calls(fitted, data):
+    ops, _ = data
+    h100 = ops.iloc[:20].assign(gpu="h100-sxm5-80gb")  # outside the training GPUs' range
+    mixed = pd.concat([ops.iloc[:40], h100, ops.iloc[-40:]], ignore_index=True)
+    with pytest.warns(OutOfDomainWarning, match=r"^20 of 100"):
+        pred, interval, ood = fitted.predict_flagged(mixed, coverage=0.8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OutOfDomainWarning)
+        want_pred, want_interval = fitted.predict_with_interval(mixed, coverage=0.8)
+    np.testing.assert_array_equal(pred, want_pred)
+    np.testing.assert_array_equal(interval, want_interval)
+    np.testing.assert_array_equal(ood, fitted.out_of_domain(mixed))
+    assert ood.sum() == 20
+    with pytest.raises(SpecError, match="coverage"):
+        fitted.predict_flagged(mixed, coverage=1.0)
+
+
+def test_residual_quantiles_are_cached_per_class_and_coverage(data):
+    ops, t = data
+    model = OpTimeRegressor(n_estimators=15, n_jobs=1).fit(ops, t)
+    for cls in model.boosters_:
+        for coverage in (0.8, 0.9):
+            first = model.residual_quantiles(cls, coverage)
+            assert first == model._residual_quantiles(cls, coverage)  # the cache holds the computed value
+            assert model.residual_quantiles(cls, coverage) == first
+    assert set(model._quantile_cache) == {(c, cov) for c in model.boosters_ for cov in (0.8, 0.9)}
+    assert model.residual_quantiles("gemm", 0.8) != model.residual_quantiles("gemm", 0.9)
+    model.fit(ops.iloc[::2], t[::2])  # refitting clears the cache
+    assert "_quantile_cache" not in vars(model)
+    assert model.residual_quantiles("gemm", 0.9) == model._residual_quantiles("gemm", 0.9)

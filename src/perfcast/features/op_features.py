@@ -50,8 +50,8 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.hardware import HardwareSpec
-from perfcast.features.ops import BINARY_OPS, OpClass, op_class, op_flops, op_memory_bytes
-from perfcast.features.roofline import MS_PER_S, roofline_time_s
+from perfcast.features.ops import BINARY_OPS, OpClass, op_classes, op_flops, op_memory_bytes
+from perfcast.features.roofline import MS_PER_S, roofline_s
 
 __all__ = [
     "FEATURE_SPEC",
@@ -285,7 +285,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
         raise SpecError("ops table has no 'gpu' column")
     n = len(ops)
     kinds = _parse_ops(ops)
-    classes = np.array([op_class(OpType(k)).value for k in kinds], dtype=object).astype(str) if n else kinds
+    classes = op_classes(kinds) if n else kinds
     dtypes = (ops["dtype"] if "dtype" in ops else pd.Series(DType.BF16.value, index=ops.index)).astype(str)
     canonical: dict[str, DType] = {}
     for value in pd.unique(dtypes):
@@ -337,8 +337,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
                     hw_cols["peak"][tensor] = hw.peak_tflops(dt)
                 vec = sel[~is_tensor[sel]]
                 hw_cols["peak"][vec] = hw.vector_tflops(dt) if len(vec) else np.nan
-            sub = frame.iloc[compute].assign(flops=flops[compute], mem_bytes=mem[compute])
-            roof_s[compute] = roofline_time_s(sub, hw)
+            roof_s[compute] = roofline_s(flops[compute], mem[compute], hw_cols["peak"][compute] * 1e12, hw.mem_bw_gbps)
         except SpecError as exc:
             raise SpecError(f"{exc} ({_rows_hint(ops.index[compute])})") from None
 

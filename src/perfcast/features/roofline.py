@@ -20,18 +20,16 @@ MS_PER_S = 1e3
 
 
 def _peaks_flops(kinds: np.ndarray, dtypes: pd.Series, hw: HardwareSpec) -> np.ndarray:
-    """Peak FLOP/s of each row's execution unit."""
+    """Peak FLOP/s of each row's execution unit; each distinct (unit, dtype) is resolved once."""
     tensor = np.isin(op_classes(kinds), [OpClass.GEMM.value, OpClass.ATTENTION.value])
-    parsed = dtypes.map(DType.parse)
-    cache: dict[tuple[bool, DType], float] = {}
-    out = np.empty(len(kinds), dtype=float)
-    for i, (is_tensor, dtype) in enumerate(zip(tensor, parsed, strict=False)):
-        key = (bool(is_tensor), dtype)
-        if key not in cache:
-            tflops = hw.peak_tflops(dtype) if is_tensor else hw.vector_tflops(dtype)
-            cache[key] = tflops * 1e12
-        out[i] = cache[key]
-    return out
+    dtype_codes, dtype_values = pd.factorize(np.asarray(dtypes, dtype=object), use_na_sentinel=False)
+    codes = dtype_codes * 2 + tensor
+    distinct, inverse = np.unique(codes, return_inverse=True)
+    peaks = np.empty(len(distinct), dtype=float)
+    for i, code in enumerate(distinct):
+        dtype = DType.parse(dtype_values[code // 2])
+        peaks[i] = (hw.peak_tflops(dtype) if code % 2 else hw.vector_tflops(dtype)) * 1e12
+    return peaks[inverse.reshape(-1)]
 
 
 def roofline_time_s(ops: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
@@ -44,10 +42,13 @@ def roofline_time_s(ops: pd.DataFrame, hw: HardwareSpec) -> np.ndarray:
     flops = ops["flops"].to_numpy(dtype=float) if "flops" in ops else op_flops(ops)
     mem = ops["mem_bytes"].to_numpy(dtype=float) if "mem_bytes" in ops else op_memory_bytes(ops)
     dtypes = ops["dtype"] if "dtype" in ops else pd.Series(DType.BF16.value, index=ops.index)
-    compute = flops / _peaks_flops(kinds, dtypes, hw)
-    memory = mem / (hw.mem_bw_gbps * 1e9)
     is_comm = np.isin(kinds, [o.value for o in COLLECTIVE_OPS])
-    return np.where(is_comm, np.nan, np.maximum(compute, memory))
+    return np.where(is_comm, np.nan, roofline_s(flops, mem, _peaks_flops(kinds, dtypes, hw), hw.mem_bw_gbps))
+
+
+def roofline_s(flops: np.ndarray, mem_bytes: np.ndarray, peak_flops: np.ndarray, mem_bw_gbps: float) -> np.ndarray:
+    """``max(flops / peak_flops, mem_bytes / bandwidth)``, seconds: peak in FLOP/s, bandwidth in GB/s."""
+    return np.maximum(flops / peak_flops, mem_bytes / (mem_bw_gbps * 1e9))
 
 
 def _numeric(ops: pd.DataFrame, name: str) -> np.ndarray:

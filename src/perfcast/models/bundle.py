@@ -120,6 +120,16 @@ class OpPredictorBundle:
     def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``.
 
+        See :meth:`predict_ops_flagged`, which also returns :meth:`out_of_domain`.
+        """
+        return self.predict_ops_flagged(ops, coverage)[:3]
+
+    def predict_ops_flagged(
+        self, ops: pd.DataFrame, coverage: float = 0.9
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`predict_ops` and :meth:`out_of_domain` from one featurisation of the op
+        model's rows: ``(pred, lo, hi, ood)``, ms and bool.
+
         Compute rows go to the op model, collective rows to the collective model. Rows of
         an op class the bundle learned nothing about (no attention data, no collective
         model) get the analytic estimate (roofline, alpha-beta) and no interval (NaN),
@@ -132,24 +142,34 @@ class OpPredictorBundle:
             raise SpecError(f"ops must be a DataFrame, got {type(ops).__name__}")
         n = len(ops)
         pred, lo, hi = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+        ood = np.zeros(n, dtype=bool)
         if n == 0:
-            return pred, lo, hi
+            return pred, lo, hi, ood
         classes = op_classes(op_kinds(ops))
         learned = set(self.op_model.boosters_) if self.op_model is not None else set()
-        routes = [
-            (np.isin(classes, sorted(learned - {OpClass.COLLECTIVE.value})), self.op_model),
-            ((classes == OpClass.COLLECTIVE.value) & (self.collective_model is not None), self.collective_model),
-        ]
-        for mask, model in routes:
-            if mask.any():
-                pred[mask], interval = model.predict_with_interval(ops.loc[mask], coverage=coverage)
-                lo[mask], hi[mask] = interval[:, 0], interval[:, 1]
+        by_op_model = np.isin(classes, sorted(learned - {OpClass.COLLECTIVE.value}))
+        if by_op_model.any():
+            rows = ops if by_op_model.all() else ops.loc[by_op_model]
+            pred[by_op_model], interval, flags = self._op_model_flagged(rows, coverage)
+            lo[by_op_model], hi[by_op_model] = interval[:, 0], interval[:, 1]
+            ood[by_op_model] = flags
+        comm = (classes == OpClass.COLLECTIVE.value) & (self.collective_model is not None)
+        if comm.any():
+            pred[comm], interval = self.collective_model.predict_with_interval(ops.loc[comm], coverage=coverage)
+            lo[comm], hi[comm] = interval[:, 0], interval[:, 1]
         fallback = np.isnan(pred)
         if fallback.any():
             counts = pd.Series(classes[fallback]).value_counts().to_dict()
             logger.info("no learned model for %s rows: analytic estimate, no interval", counts)
             pred[fallback], _, _ = AnalyticOpPredictor().predict_ops(ops.loc[fallback], coverage=coverage)
-        return pred, lo, hi
+        return pred, lo, hi, ood
+
+    def _op_model_flagged(self, ops: pd.DataFrame, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The op model's ``(pred, (n, 2) interval, ood)``, from one featurisation when it offers one."""
+        if hasattr(self.op_model, "predict_flagged"):
+            return self.op_model.predict_flagged(ops, coverage=coverage)
+        pred, interval = self.op_model.predict_with_interval(ops, coverage=coverage)
+        return pred, interval, np.asarray(self.op_model.out_of_domain(ops), dtype=bool)
 
 
 # ----------------------------------------------------------------------------- save

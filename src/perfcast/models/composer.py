@@ -349,13 +349,17 @@ class StepComposer:
         op_cols = [c for c in ops.columns if c != "link"]
         if (~comm_u).any():
             compute = ops.loc[~comm_u, op_cols]
+            flagged = getattr(self.op_predictor, "predict_ops_flagged", None)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", OutOfDomainWarning)
-                p, a, b = self.op_predictor.predict_ops(compute, coverage=self.coverage)
+                if flagged is not None:  # one featurisation for times and flags
+                    p, a, b, f = flagged(compute, coverage=self.coverage)
+                else:
+                    p, a, b = self.op_predictor.predict_ops(compute, coverage=self.coverage)
+                    flags = getattr(self.op_predictor, "out_of_domain", None)
+                    f = flags(compute) if flags is not None else False
             pred[~comm_u], lo[~comm_u], hi[~comm_u] = p, a, b
-            flags = getattr(self.op_predictor, "out_of_domain", None)
-            if flags is not None:
-                ood[~comm_u] = np.asarray(flags(compute), dtype=bool)
+            ood[~comm_u] = np.asarray(f, dtype=bool)
         if comm_u.any() and self.collective_predictor is not None:
             p, a, b = _predict_collectives(self.collective_predictor, ops.loc[comm_u, op_cols], self.coverage)
             pred[comm_u], lo[comm_u], hi[comm_u] = p, a, b

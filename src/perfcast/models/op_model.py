@@ -192,6 +192,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         classes = [c for c in MODELLED_CLASSES if (feats["op_class"] == c).any()]
 
+        self.__dict__.pop("_quantile_cache", None)
         self.launch_ms_: dict[tuple[str, str], float] = {}
         self.boosters_: dict[str, Any] = {}
         self.residuals_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -363,7 +364,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         """Median op time of each row, ms (shape ``(n,)``)."""
         check_is_fitted(self, "boosters_")
         feats = self._featurize_checked(X)
-        self._warn_out_of_domain(feats)
+        self._warn_out_of_domain(self._out_of_domain(feats))
         return self._predict_ms(feats)
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
@@ -375,19 +376,33 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
 
     def predict_with_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict` and :meth:`predict_interval` from one featurisation: ``(pred, (n, 2))``, ms."""
+        pred, out, _ = self._predict_flagged(X, coverage)
+        return pred, out
+
+    def predict_flagged(self, X: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`predict_with_interval` and :meth:`out_of_domain` from one featurisation.
+
+        Returns:
+            ``(pred, interval, ood)``: ``(n,)`` ms, ``(n, 2)`` ms and ``(n,)`` bool.
+        """
+        return self._predict_flagged(X, coverage)
+
+    def _predict_flagged(self, X: pd.DataFrame, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         check_is_fitted(self, "boosters_")
         if not 0 < coverage < 1:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
         feats = self._featurize_checked(X)
-        self._warn_out_of_domain(feats)
+        ood = self._out_of_domain(feats)
+        self._warn_out_of_domain(ood, stacklevel=4)
         pred = self._predict_ms(feats)
         out = np.empty((len(pred), 2))
-        for cls in pd.unique(feats["op_class"]):
-            m = (feats["op_class"] == cls).to_numpy()
+        classes = feats["op_class"].to_numpy()
+        for cls in pd.unique(classes):
+            m = classes == cls
             q_lo, q_hi = self.residual_quantiles(cls, coverage)
             out[m, 0] = pred[m] * np.exp(q_lo)
             out[m, 1] = pred[m] * np.exp(q_hi)
-        return pred, out
+        return pred, out, ood
 
     def residual_quantiles(self, op_class: str, coverage: float = 0.9) -> tuple[float, float]:
         """The log-residual quantiles ``(q_lo <= 0 <= q_hi)`` of ``op_class``'s interval.
@@ -395,8 +410,18 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         With a GPU-level calibration, ``(-q, q)`` for ``q`` the ``coverage`` quantile of the
         random-effect ``|S + E|`` (module docstring); otherwise the ``(1-c)/2`` and
         ``(1+c)/2`` quantiles of the row-fold or in-sample residuals.
+
+        The result is cached per ``(op_class, coverage)`` on the model (cleared by ``fit``,
+        empty after loading; not saved).
         """
         check_is_fitted(self, "boosters_")
+        cache = self.__dict__.setdefault("_quantile_cache", {})
+        key = (op_class, float(coverage))
+        if key not in cache:
+            cache[key] = self._residual_quantiles(op_class, coverage)
+        return cache[key]
+
+    def _residual_quantiles(self, op_class: str, coverage: float) -> tuple[float, float]:
         values, weights = self.residuals_[op_class]
         shifts = self.gpu_shifts_.get(op_class, np.empty(0))
         if len(shifts) >= MIN_CALIBRATION_GPUS:
@@ -461,14 +486,15 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 flags |= m & ((v < lo - _DOMAIN_TOL) | (v > hi + _DOMAIN_TOL))
         return flags
 
-    def _warn_out_of_domain(self, feats: pd.DataFrame) -> None:
-        n = int(self._out_of_domain(feats).sum())
+    def _warn_out_of_domain(self, ood: np.ndarray, stacklevel: int = 3) -> None:
+        """Warn (:class:`OutOfDomainWarning`) when any of the ``ood`` flags is set."""
+        n = int(ood.sum())
         if n:
             warnings.warn(
-                f"{n} of {len(feats)} op rows lie outside the training domain (GPU descriptors outside the "
+                f"{n} of {len(ood)} op rows lie outside the training domain (GPU descriptors outside the "
                 f"training GPUs' range, or dims outside the trained range): their predictions extrapolate",
                 OutOfDomainWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
 
     # ------------------------------------------------------------------------ persistence
