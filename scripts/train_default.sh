@@ -8,6 +8,8 @@
 #   GEMMs. Vidur's vector ops are left out: Vidur times them with record_function on the host,
 #   not CUDA events, and the model trained with them predicts held-out vector ops at 94-142% MAPE
 #   (benchmarks/results/op_logo_all_sources.md).
+# - perfcast's own H200 measurements (data/h200-sxm-141gb): Hopper, bf16/fp8 GEMMs and fused
+#   attention, which no public table holds.
 # - Collectives keep the catalog alpha-beta estimate: the learned collective model does not beat
 #   it on unseen GPUs yet (benchmarks/results/collective_eval.md).
 # Usage: bash scripts/train_default.sh [DATA_DIR]
@@ -34,6 +36,7 @@ PY
     --data "$DATA/neusight_kernels_vector.csv.gz" \
     --data "$DATA/deepbench_gemm.csv" \
     --data datasets/vidur-gemm \
+    --data data/h200-sxm-141gb \
     -o src/perfcast/models/default_bundle
 .venv/bin/perfcast train steps --model-type gbdt --register "" --data "$DATA" \
     --op-model src/perfcast/models/default_bundle -o src/perfcast/models/default_bundle
