@@ -113,7 +113,7 @@ def _per_system_rows(tables: dict, test: np.ndarray, gbdt, gbdt_bounds) -> list[
     frame = runs.loc[test, ["mlperf_version", "system", "num_gpus", "tp", "pp", "dp", "vpp", "micro_batch",
                             "global_batch", "dtype", "measured_step_ms"]].copy()  # fmt: skip
     frame["microbatches"] = runs["global_batch"] // (runs["dp"] * runs["micro_batch"])
-    frame["imputed"] = runs.get("imputed_fields", pd.Series("", index=runs.index)).fillna("")
+    frame["defaulted"] = runs.get("defaulted_fields", pd.Series("", index=runs.index)).fillna("")
     frame["analytic_ms"] = tables["analytic"].runs.loc[test, "step_ms"]
     frame["composed_ms"] = runs.loc[test, "step_ms"]
     frame["composed_coll_ms"] = tables["composed+coll"].runs.loc[test, "step_ms"]
@@ -124,7 +124,7 @@ def _per_system_rows(tables: dict, test: np.ndarray, gbdt, gbdt_bounds) -> list[
     for col in BREAKDOWN:
         frame[col] = runs.loc[test, col] if col in runs else 0.0
     keys = ["mlperf_version", "system", "num_gpus", "tp", "pp", "dp", "vpp", "micro_batch", "global_batch",
-            "microbatches", "dtype", "imputed"]  # fmt: skip
+            "microbatches", "dtype", "defaulted"]  # fmt: skip
     grouped = frame.groupby(keys, dropna=False, sort=False).mean(numeric_only=True).reset_index()
     grouped = grouped.sort_values("num_gpus")
     return [{k: (v.item() if hasattr(v, "item") else v) for k, v in row.items()} for row in grouped.to_dict("records")]
@@ -321,8 +321,8 @@ def to_markdown(result: dict) -> str:
             "",
             "## MLPerf small-to-large: each test system (mean of its runs), ms",
             "",
-            "GPT-3 175B, tp 4, pp 8. `imp` = fields not in the source, set by "
-            "`train_steps.impute_unstated_layout` / `apply_framework_settings` (v = vpp, z = ZeRO-1 + "
+            "GPT-3 175B, tp 4, pp 8. `imp` = fields not in the row's config, set by the MLPerf reader "
+            "(v = vpp from the file's stated configs of the same layout, z = NeMo's ZeRO-1 + "
             "overlapped gradient reduce-scatter). Breakdown of the composed step: compute (incl. host stall), "
             "exposed tp and pp transfers, pipeline bubble, exposed dp sync, optimizer.",
             "",
@@ -331,7 +331,8 @@ def to_markdown(result: dict) -> str:
             "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
         ]
         for r in result["mlperf_large_rows"]:
-            imp = "".join(flag for field, flag in (("vpp", "v"), ("zero_stage", "z")) if field in str(r["imputed"]))
+            given = str(r["defaulted"]).split(";")
+            imp = ("v" if "vpp" in given and r["vpp"] > 1 else "") + ("z" if "zero_stage" in given else "")
             lines.append(
                 f"| {r['mlperf_version']} | {r['system']} | {r['num_gpus']} | {r['dp']} | {r['vpp']} "
                 f"| {r['microbatches']} | {imp} | {r['measured_step_ms']:.0f} | {r['analytic_ms']:.0f} "

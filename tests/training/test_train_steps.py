@@ -10,13 +10,11 @@ from fixtures.shared import shared_file
 from perfcast.models.analytic import AnalyticOpPredictor, predict_step
 from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
-    apply_framework_settings,
     build_step_table,
     domain_groups,
     evaluate_steps,
     fit_step_model,
     group_spearman,
-    impute_unstated_layout,
     load_runs,
     split_mlperf_old_to_new,
     split_mlperf_small_to_large,
@@ -139,31 +137,6 @@ def test_real_vtrain_file_loads_parses_and_splits():
     np.testing.assert_allclose(table.runs["step_ms"], expected, rtol=1e-12)
     train, test = split_vtrain_small_to_large(runs.assign(num_gpus=runs["num_gpus"].astype(int)))
     assert (train.sum(), test.sum()) == (720, 720)
-
-
-def test_unstated_vpp_is_taken_from_rows_stating_it_for_the_same_layout():
-    base = {"model": "gpt3-175b", "tp": 4, "pp": 8, "micro_batch": 1, "measured_step_ms": np.nan}
-    runs = pd.DataFrame(
-        [
-            {**base, "vpp": 12, "defaulted_fields": "recompute"},  # states vpp, no step time: still evidence
-            {**base, "vpp": 1, "defaulted_fields": "recompute;vpp", "measured_step_ms": 900.0},
-            {**base, "micro_batch": 2, "vpp": 1, "defaulted_fields": "vpp"},  # no row states vpp for mbs 2
-            {**base, "pp": 1, "vpp": 1, "defaulted_fields": "vpp"},  # nothing to interleave
-        ]
-    )
-    out = impute_unstated_layout(runs)
-    assert out["vpp"].tolist() == [12, 12, 1, 1]
-    assert out["imputed_fields"].tolist() == ["", "vpp", "", ""]
-    assert out["defaulted_fields"].tolist() == ["recompute", "recompute", "vpp", "vpp"]
-    assert out["measured_step_ms"].equals(runs["measured_step_ms"])
-
-
-def test_framework_settings_are_set_and_recorded():
-    runs = pd.DataFrame({"zero_stage": [0, 0], "imputed_fields": ["vpp", ""]})
-    out = apply_framework_settings(runs, {"zero_stage": 1, "overlap_grad_reduce": True})
-    assert out["zero_stage"].tolist() == [1, 1] and out["overlap_grad_reduce"].all()
-    assert out["imputed_fields"].tolist() == ["vpp;zero_stage;overlap_grad_reduce", "zero_stage;overlap_grad_reduce"]
-    assert apply_framework_settings(runs, {}) is runs
 
 
 def test_rows_flagged_overlap_grad_reduce_hide_the_dp_sync():

@@ -44,8 +44,6 @@ __all__ = [
     "fit_step_model",
     "evaluate_steps",
     "group_spearman",
-    "apply_framework_settings",
-    "impute_unstated_layout",
     "load_runs",
     "parse_runs",
     "run_groups",
@@ -66,22 +64,15 @@ REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Fields a run row needs to name its model without a preset."""
 MIN_GROUP_ROWS = 3
 """Smallest (model, cluster) group whose Spearman correlation counts."""
-FRAMEWORK_SETTINGS: Mapping[str, Mapping[str, Any]] = {
-    "mlperf": {"zero_stage": 1, "overlap_grad_reduce": True},
-}
-"""Per source, settings of the training framework its tables do not record (see :func:`apply_framework_settings`)."""
-IMPUTE_KEY = ("model", "tp", "pp", "micro_batch")
-"""Layout a row must share with the rows whose stated ``vpp`` it borrows (:func:`impute_unstated_layout`)."""
-
-
 def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -> pd.DataFrame:
     """Measured runs of ``sources`` as one run table with ``source`` and ``timing_scope``.
 
     The readers' own ``source`` (file and row provenance) moves to ``source_detail``.
-    Layout fields a source leaves unstated are filled by :func:`impute_unstated_layout`
-    and :func:`apply_framework_settings` (:data:`FRAMEWORK_SETTINGS`); both list what they
-    set in ``imputed_fields``. Rows without a measured step time (MLPerf time-to-train
-    only) are left out after serving as layout evidence. A
+    Layout fields a source leaves unstated are the readers' to fill, and they list them in
+    ``defaulted_fields`` (MLPerf: the interleaving depth from the file's stated configs,
+    NeMo's ZeRO-1 with an overlapped gradient sync; see
+    :mod:`perfcast.data.readers.mlperf`). Rows without a measured step time (MLPerf
+    time-to-train only) are left out. A
     ``model`` name that is not a preset (NeuSight's ``bert_large``, ``gpt3_xl`` ...) moves
     to ``model_name`` when the row spells out the model fields itself.
 
@@ -95,77 +86,9 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
     for name in sources:
         records = read_source(Path(data_dir) / RUN_FILES[name]).records
         records = records.rename(columns={"source": "source_detail"}).assign(source=name)
-        records = impute_unstated_layout(_unname_unknown_models(records))
-        records = apply_framework_settings(records, FRAMEWORK_SETTINGS.get(name, {}))
+        records = _unname_unknown_models(records)
         frames.append(records[records["measured_step_ms"].notna() & records["timing_scope"].isin(TIMING_SCOPES)])
     return pd.concat(frames, ignore_index=True)
-
-
-def impute_unstated_layout(records: pd.DataFrame) -> pd.DataFrame:
-    """Fill the interleaving depth ``vpp`` of rows whose source did not state it.
-
-    A reader that cannot find ``vpp`` sets it to 1 and lists ``vpp`` in the row's
-    ``defaulted_fields`` (MLPerf: NVIDIA's v3.1 GPT-3 configs do not set
-    ``INTERLEAVED_PIPELINE`` in the parsed shell files). Plain 1F1B instead of the
-    interleaved schedule is no small assumption: with ``pp = 8`` and 8 microbatches it
-    nearly doubles the composed step (bubble ``(pp-1)/m`` instead of ``(pp-1)/(m*vpp)``).
-    Such a row with ``pp > 1`` takes the most common ``vpp`` of the rows of the same table
-    that state it for the same :data:`IMPUTE_KEY` (model, tp, pp, micro_batch); only
-    layout fields of other rows are read, never measured times. Imputed fields move from
-    ``defaulted_fields`` to ``imputed_fields``; rows with no such evidence keep ``vpp = 1``.
-    """
-    if "defaulted_fields" not in records or not set(IMPUTE_KEY) <= set(records.columns):
-        return records
-    defaulted = records["defaulted_fields"].fillna("").astype(str).str.split(";")
-    unstated = defaulted.map(lambda fields: "vpp" in fields).to_numpy(dtype=bool)
-    if not unstated.any():
-        return records
-    key = records.loc[:, list(IMPUTE_KEY)].astype(str).agg("|".join, axis=1)
-    stated = records.loc[~unstated & records["vpp"].notna()]
-    evidence = stated.groupby(key[stated.index])["vpp"].agg(lambda v: v.mode().iloc[0])
-    fill = key.map(evidence).where(unstated & (records["pp"].fillna(1) > 1).to_numpy())
-    take = fill.notna().to_numpy()
-    out = records.copy()
-    if "imputed_fields" not in out:
-        out["imputed_fields"] = ""
-    if take.any():
-        out.loc[take, "vpp"] = fill[take].astype(out["vpp"].dtype)
-        out.loc[take, "defaulted_fields"] = defaulted[take].map(lambda f: ";".join(x for x in f if x != "vpp"))
-        out.loc[take, "imputed_fields"] = "vpp"
-        logger.info("imputed vpp of %d rows from stated configs with the same %s", int(take.sum()), IMPUTE_KEY)
-    return out
-
-
-def apply_framework_settings(records: pd.DataFrame, settings: Mapping[str, Any]) -> pd.DataFrame:
-    """Set run fields the source table does not record but its training framework fixes.
-
-    The MLPerf LLM rows with a parsed layout all run NVIDIA's NeMo implementation (NVIDIA's
-    and its partners' submissions). Its GPT-3 recipe trains with Apex's
-    ``distributed_fused_adam``: optimizer state sharded over the data-parallel ranks (ZeRO
-    stage 1: a gradient reduce-scatter and a parameter all-gather instead of an all-reduce,
-    and an optimizer step on ``1/dp`` of the weights), the gradient reduce-scatter started
-    during the last microbatch's backward (``overlap_grad_sync``). This is the recipe as
-    published, not a field of the shared tables (LoRA rows have so few trainable weights
-    that the setting does not matter there). The MLPerf reader leaves ``zero_stage = 0`` and
-    the composer's default is an exposed sync (Megatron-DeepSpeed, vTrain's framework).
-    Without these the composed GPT-3 step keeps a fixed cost (a full-model optimizer step,
-    ~77 ms on H100, and a ~250 ms exposed all-reduce) that is 3 % of a 128-microbatch step
-    but a third of an 8-microbatch one, so the measured/composed ratio drifts with the cluster
-    size (v3.1: 0.93 at 8 microbatches, 1.09 at 128); with them it is flat (1.07-1.11).
-
-    ``overlap_grad_reduce`` becomes a boolean column read by :func:`build_step_table`.
-    Every field set is appended to ``imputed_fields``.
-    """
-    if not settings or records.empty:
-        return records
-    out = records.copy()
-    if "imputed_fields" not in out:
-        out["imputed_fields"] = ""
-    for field, value in settings.items():
-        out[field] = value
-    added = ";".join(settings)
-    out["imputed_fields"] = out["imputed_fields"].fillna("").map(lambda f: f"{f};{added}" if f else added)
-    return out
 
 
 def _unname_unknown_models(records: pd.DataFrame) -> pd.DataFrame:
@@ -232,35 +155,17 @@ def run_groups(configs: Sequence[RunConfig]) -> list[str]:
 def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     """Parse, compose and featurise measured runs (see :class:`StepTable`).
 
-    Rows with a true ``overlap_grad_reduce`` column (:func:`apply_framework_settings`) are
-    composed with the data-parallel sync hidden behind the last backward, the others as
-    ``composer`` is set.
+    A row's ``overlap_grad_reduce`` (MLPerf's NeMo runs) hides its data-parallel sync
+    behind the last backward, whatever ``composer`` is set to.
     """
     configs, ok, errors = parse_runs(runs)
     kept = runs.iloc[ok].reset_index(drop=True)
-    scopes = kept["timing_scope"].tolist() if "timing_scope" in kept else ["step"] * len(kept)
-    overlap = kept.get("overlap_grad_reduce", pd.Series(False, index=kept.index)).fillna(False).to_numpy(dtype=bool)
-    steps = _compose(composer, configs, scopes, overlap)
+    scopes = kept["timing_scope"].tolist() if "timing_scope" in kept else None
+    steps = composer.compose_many(configs, timing_scopes=scopes)
     composed = composed_frame(steps)
     kept = pd.concat([kept, composed], axis=1)
     kept["group"] = run_groups(configs)
     return StepTable(runs=kept, features=featurize_runs(configs, composed), configs=configs, steps=steps, errors=errors)
-
-
-def _compose(composer: StepComposer, configs: list[RunConfig], scopes: list[str], overlap: np.ndarray) -> list[Any]:
-    """``composer.compose_many``; the rows of ``overlap`` go to a twin composer that overlaps the gradient sync."""
-    if not overlap.any() or composer.overlap_grad_reduce:
-        return composer.compose_many(configs, timing_scopes=scopes)
-    overlapping = StepComposer(
-        composer.op_predictor, composer.collective_predictor, coverage=composer.coverage, overlap_grad_reduce=True
-    )
-    steps: list[Any] = [None] * len(configs)
-    for flag, part in ((False, composer), (True, overlapping)):
-        rows = np.flatnonzero(overlap == flag)
-        composed = part.compose_many([configs[i] for i in rows], timing_scopes=[scopes[i] for i in rows])
-        for i, step in zip(rows, composed, strict=True):
-            steps[i] = step
-    return steps
 
 
 # ----------------------------------------------------------------------------- splits
