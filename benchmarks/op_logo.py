@@ -9,7 +9,7 @@ and the time to fit on all rows (median of ``--repeats``).
 
 It also writes the few-shot curve: the held-out GPU's MAPE on its other ops after a
 correction (:func:`perfcast.models.calibration.fit_correction`: shrunk shift, trend in log
-FLOPs and intensity, and the shape-dependent residual model) fitted on k = 5, 20, 100 of its
+FLOPs and intensity, and the shape-dependent residual model) fitted on k = 5, 20, 100, 700 of its
 measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` sweeps them,
 and uniformly at random from the GPU's ops.
 
@@ -35,6 +35,7 @@ from perfcast.training.evaluate import evaluate_logo, evaluation_class, few_shot
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 FEW_SHOT_DESIGNS = ("spread", "random")
+FEW_SHOT_KS = (0, 5, 20, 100, 700)  # 700: about what a one-minute `perfcast calibrate` sweep measures
 FILES = {
     "neusight-gemm": "neusight_kernels_gemm.csv.gz",
     "neusight-vector": "neusight_kernels_vector.csv.gz",
@@ -43,11 +44,14 @@ FILES = {
 }
 
 
-def _markdown(frame: pd.DataFrame) -> str:
-    """A small frame (classes x k) as a Markdown table."""
-    head = "| class | " + " | ".join(f"k={k}" for k in frame.columns) + " |"
-    rule = "|---|" + "---:|" * len(frame.columns)
-    body = [f"| {idx} | " + " | ".join(f"{v:.1f}" for v in row) + " |" for idx, row in frame.iterrows()]
+def _markdown(mape: pd.DataFrame, coverage: pd.DataFrame) -> str:
+    """Two small frames (classes x k) as one Markdown table: MAPE, then coverage in percent."""
+    head = "| class | " + " | ".join(f"k={k}" for k in mape.columns) + " |"
+    rule = "|---|" + "---:|" * len(mape.columns)
+    body = [f"| {idx} MAPE | " + " | ".join(f"{v:.1f}" for v in row) + " |" for idx, row in mape.iterrows()]
+    body += [
+        f"| {idx} coverage | " + " | ".join(f"{100 * v:.1f}" for v in row) + " |" for idx, row in coverage.iterrows()
+    ]
     return "\n".join([head, rule, *body])
 
 
@@ -80,11 +84,16 @@ def main() -> None:
 
     summary = logo.summary().reset_index()
     few = pd.concat(
-        [few_shot_curve(logo.predictions, records, design=d).assign(design=d) for d in FEW_SHOT_DESIGNS],
+        [
+            few_shot_curve(logo.predictions, records, ks=FEW_SHOT_KS, design=d).assign(design=d)
+            for d in FEW_SHOT_DESIGNS
+        ],
         ignore_index=True,
     )
     few_median = {d: few[few["design"] == d].groupby(["eval_class", "k"])["mape"].median().unstack("k")
                   for d in FEW_SHOT_DESIGNS}  # fmt: skip
+    few_coverage = {d: few[few["design"] == d].groupby(["eval_class", "k"])["coverage"].median().unstack("k")
+                    for d in FEW_SHOT_DESIGNS}  # fmt: skip
     result = {
         "sources": args.sources.split(","),
         "rows": len(records),
@@ -95,6 +104,10 @@ def main() -> None:
         "few_shot_median_mape": {
             d: {str(c): {int(k): float(v) for k, v in r.items()} for c, r in frame.iterrows()}
             for d, frame in few_median.items()
+        },
+        "few_shot_median_coverage": {
+            d: {str(c): {int(k): float(v) for k, v in r.items()} for c, r in frame.iterrows()}
+            for d, frame in few_coverage.items()
         },
         "fit_all_rows_s_median": statistics.median(fit_s),
         "logo_total_s": logo_s,
@@ -107,10 +120,11 @@ def main() -> None:
         + markdown_table(logo)
         + "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops, median of 5 draws; k "
         "measured ops of the held-out GPU; shrunk shift, trend in log FLOPs and intensity, Gaussian-process "
-        "residual, `models/calibration.py`). k ops spread over the shapes, as `perfcast calibrate` sweeps them:\n\n"
-        + _markdown(few_median["spread"])
+        "residual, and boosted residual trees from 100 ops on, `models/calibration.py`), and median coverage of "
+        "the corrected 90% interval. k ops spread over the shapes, as `perfcast calibrate` sweeps them:\n\n"
+        + _markdown(few_median["spread"], few_coverage["spread"])
         + "\n\nk ops drawn at random from the GPU's ops:\n\n"
-        + _markdown(few_median["random"])
+        + _markdown(few_median["random"], few_coverage["random"])
         + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
     )
     (OUT / f"{args.name}.md").write_text(text)

@@ -13,6 +13,7 @@ from perfcast.errors import BundleError, SpecError
 from perfcast.models.calibration import (
     MIN_OPS_FOR_SLOPES,
     MIN_OPS_FOR_SPREAD,
+    MIN_OPS_FOR_TREES,
     CalibratedPredictor,
     GpuCorrection,
     fit_correction,
@@ -119,3 +120,35 @@ def test_schema_2_corrections_still_apply() -> None:
     at_point, far = _gemms(np.array([[64, 64, 64]])), _gemms(np.array([[1, 1, 1]]))
     assert corr.log_factors(at_point)[0] == pytest.approx(0.1 + 0.1 * 1.0)
     assert corr.log_factors(far)[0] == pytest.approx(0.1, abs=1e-3)
+
+
+def test_trees_follow_a_sharp_kernel_switch_that_the_gp_smooths_over() -> None:
+    rng = np.random.default_rng(2)
+    law = lambda ops: np.where((ops["k"] >= 1024) & (ops["m"] < 256), 0.5, 0.0)  # noqa: E731  a kernel switch
+
+    def draw(n: int) -> pd.DataFrame:
+        return _gemms(np.exp(rng.uniform(np.log(16), np.log(8192), size=(n, 3))).astype(int))
+
+    train, query = draw(400), draw(400)
+    noise = rng.normal(0.0, 0.02, len(train))
+    many = fit_correction("t4", train, np.exp(law(train) + noise), np.ones(len(train)))
+    few = fit_correction("t4", train[: MIN_OPS_FOR_TREES - 1], np.exp(law(train) + noise)[: MIN_OPS_FOR_TREES - 1],
+                         np.ones(MIN_OPS_FOR_TREES - 1))  # fmt: skip
+    assert set(many.trees) == {"gemm"} and few.trees == {}
+    err_many = np.abs(many.log_factors(query) - law(query)).mean()
+    err_few = np.abs(few.log_factors(query) - law(query)).mean()
+    assert err_many < 0.5 * err_few
+    # the interval is the cross-fitted spread: about as wide as the error on new shapes
+    spread = np.asarray(many.spread["gemm"])
+    assert np.quantile(np.abs(spread), 0.9) > np.quantile(np.abs(noise), 0.9)
+    assert GpuCorrection.from_json(many.to_json()).log_factors(query) == pytest.approx(many.log_factors(query))
+
+
+def test_correct_scales_the_median_and_uses_the_measured_spread() -> None:
+    ops = _ops(30)
+    corr = fit_correction("t4", ops, np.full(30, 2.0), np.ones(30))
+    pred, lo, hi = corr.correct(ops.iloc[:3], np.ones(3), np.full(3, 0.5), np.full(3, 3.0))
+    assert pred == pytest.approx(np.full(3, np.exp(corr.shifts["gemm"])))
+    assert (lo <= pred).all() and (hi >= pred).all() and (hi < 3.0).all()  # the GPU's own spread, narrower
+    vec = pd.DataFrame({"op": ["add"], "rows": [4], "cols": [4], "gpu": "t4"})
+    assert corr.correct(vec, np.ones(1), np.full(1, 0.5), np.full(1, 3.0))[2][0] == 3.0  # no vector correction

@@ -13,8 +13,8 @@ where ``t_roofline`` is the roofline time at the row dtype's peak
 per vendor and class) and ``f_c`` one XGBoost booster per class fitted on
 ``log(t / t_base)`` over the GPU-relative features of :mod:`perfcast.features.op_features`.
 The physics carries the scale, the trees the efficiency, so the model transfers to GPUs
-it has not seen (``docs/research_op_model.py.txt``: leave-one-GPU-out median MAPE 19% on
-NeuSight GEMMs, 12% on vector ops).
+it has not seen (``benchmarks/results/op_logo.md``: leave-one-GPU-out median MAPE 19% on
+NeuSight GEMMs, 13% on vector ops).
 
 The interval answers "how wrong is the model on a GPU it has not seen". An inner
 leave-one-GPU-out loop over the ``n`` training GPUs collects out-of-GPU log residuals.

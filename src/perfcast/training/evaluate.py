@@ -181,6 +181,7 @@ def few_shot_curve(
     ks: tuple[int, ...] = (0, 5, 20, 100),
     seeds: int = 5,
     design: str = "spread",
+    coverage: float = 0.9,
 ) -> pd.DataFrame:
     """MAPE on each held-out GPU after a few-shot correction fitted on ``k`` of its ops.
 
@@ -191,7 +192,9 @@ def few_shot_curve(
     over the log dimensions and op kinds (:func:`spread_pick`, as ``perfcast calibrate``
     sweeps shapes),
     ``"random"`` draws them uniformly. Returns one row per (gpu, eval_class, k) with the
-    median MAPE over ``seeds`` seeded draws.
+    median over ``seeds`` seeded draws of the MAPE (percent) and of the coverage (fraction)
+    of the corrected ``coverage`` interval (:meth:`GpuCorrection.correct`: the GPU's measured
+    spread from 20 ops on, before that the model's interval scaled along).
 
     Args:
         predictions: :attr:`LogoResult.predictions`.
@@ -205,6 +208,7 @@ def few_shot_curve(
     rows = []
     for (gpu, klass), block in predictions.groupby(["gpu", "eval_class"]):
         measured, pred = block["measured_ms"].to_numpy(), block[MODEL].to_numpy()
+        lo, hi = block[f"{MODEL}_lo"].to_numpy(), block[f"{MODEL}_hi"].to_numpy()
         block_ops = ops.loc[block.index]
         kinds = op_kinds(block_ops)
         # a sweep covers every op kind: kinds sit far apart in the space the picks spread over
@@ -212,15 +216,16 @@ def few_shot_curve(
         for k in ks:
             if k >= len(block):
                 continue
-            mapes = []
+            scores = []
             for seed in range(seeds if k else 1):
                 rng = np.random.default_rng(seed)
                 pick = spread_pick(x, k, rng) if design == "spread" else rng.choice(len(block), size=k, replace=False)
                 rest = np.setdiff1d(np.arange(len(block)), pick)
-                log_factor = np.zeros(len(rest))
+                out = pred[rest], lo[rest], hi[rest]
                 if k:
                     corr = fit_correction(str(gpu), block_ops.iloc[pick], measured[pick], pred[pick])
-                    log_factor = corr.log_factors(block_ops.iloc[rest])
-                mapes.append(summarize(pred[rest] * np.exp(log_factor), measured[rest])["mape"])
-            rows.append({"gpu": gpu, "eval_class": klass, "k": k, "mape": float(np.median(mapes))})
+                    out = corr.correct(block_ops.iloc[rest], *out, coverage=coverage)
+                scores.append(summarize(out[0], measured[rest], out[1], out[2]))
+            medians = {key: float(np.median([s[key] for s in scores])) for key in ("mape", "coverage")}
+            rows.append({"gpu": gpu, "eval_class": klass, "k": k, **medians})
     return pd.DataFrame(rows)
