@@ -41,6 +41,7 @@ from perfcast.training.metrics import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
+FEW_SHOT_KS = (0, 5, 20, 100, 700)
 TRAIN_FILES = ("neusight_kernels_gemm.csv.gz", "neusight_kernels_vector.csv.gz", "deepbench_gemm.csv")
 VIDUR_FILE = "vidur_llm_layer_ops.csv.gz"
 GEMM_OPS = ("matmul", "linear", "bmm")
@@ -126,12 +127,16 @@ def markdown(table: pd.DataFrame, few: pd.DataFrame, meta: dict) -> str:
         )
     if len(few):
         wide = few.pivot_table(index="eval_class", columns="k", values="mape")
-        lines += ["", "Few-shot: MAPE on the other ops after a correction fitted on k measured ops of the new GPU "
-                  "(spread over the shapes, median of 5 draws):", "",
+        cover = few.pivot_table(index="eval_class", columns="k", values="coverage") * 100
+        lines += ["", "Few-shot: MAPE on the other ops, and coverage of the corrected 90% interval, after a correction "
+                  "fitted on k measured ops of the new GPU (spread over the shapes, median of 5 draws; k=700 is about "
+                  "what a one-minute `perfcast calibrate` measures):", "",
                   "| class | " + " | ".join(f"k={k}" for k in wide.columns) + " |",
                   "|---|" + "---:|" * len(wide.columns)]  # fmt: skip
-        for klass, row in wide.iterrows():
-            lines.append(f"| {klass} | " + " | ".join("" if np.isnan(v) else f"{v:.1f}" for v in row) + " |")
+        for label, frame in (("MAPE", wide), ("coverage", cover)):
+            for klass, row in frame.iterrows():
+                cells = " | ".join("" if np.isnan(v) else f"{v:.1f}" for v in row)
+                lines.append(f"| {klass} {label} | {cells} |")
     return "\n".join(lines) + "\n"
 
 
@@ -151,7 +156,7 @@ def main() -> None:
     pred = predict_target(model, train, target)
     table = metrics_table(pred)
     learned = pred[pred["learned"]]
-    few = few_shot_curve(learned, target.loc[learned.index]) if len(learned) else pd.DataFrame()
+    few = few_shot_curve(learned, target.loc[learned.index], ks=FEW_SHOT_KS) if len(learned) else pd.DataFrame()
     meta = {
         "target": str(args.target), "target_gpu": str(target["gpu"].iloc[0]), "target_rows": len(target),
         "train_rows": len(train), "train_gpus": sorted(train["gpu"].astype(str).unique()),
