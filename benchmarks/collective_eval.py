@@ -40,7 +40,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results"
 FILES = ("vtrain_nccl_allreduce.csv.gz", "vidur_collectives.csv.gz", "deepbench_allreduce.csv")
-COLUMNS = ["op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "measured_ms", "source", "cluster"]
+COLUMNS = ["op", "bytes", "n_ranks", "ranks_per_node", "nvlink_bridged", "dtype", "gpu", "measured_ms", "source",
+           "cluster"]  # fmt: skip
 
 
 def load(data: Path) -> pd.DataFrame:
@@ -48,7 +49,8 @@ def load(data: Path) -> pd.DataFrame:
     for name in FILES:
         records = read_source(data / name, resolve_gpu=resolve_gpu_name).records
         cluster = records["cluster"] if "cluster" in records.columns else pd.NA
-        records = records.assign(table=name.split("_")[0], cluster=cluster)
+        bridged = records["nvlink_bridged"] if "nvlink_bridged" in records.columns else False
+        records = records.assign(table=name.split("_")[0], cluster=cluster, nvlink_bridged=bridged)
         frames.append(records[[*COLUMNS, "table"]])
     return pd.concat(frames, ignore_index=True)
 

@@ -10,7 +10,7 @@ The datasheet figures are copied unchanged (empty cell -> ``null``); only column
 change where the spec's field name differs (``sm_or_cu_count`` -> ``sm_count``,
 ``intra_node_bw_gbps_per_gpu`` -> ``intra_node_bw_gbps``, the fabric columns below).
 Curated fields that are not datasheet figures come from the tables in this script:
-``aliases`` and ``default_fabric`` for accelerators, ``latency_us`` and ``confidence`` for
+``aliases``, ``default_fabric`` and ``nvlink_bridge_bw_gbps`` for accelerators, ``latency_us`` and ``confidence`` for
 fabrics. Every entry is validated by the spec model before it is written, and JSON files
 whose id is no longer in the CSV are removed, so the catalog is exactly the CSV.
 
@@ -251,6 +251,20 @@ LATENCY_US_BY_KIND: dict[str, float] = {
     "nvlink": 3.0,
 }
 
+# --------------------------------------------------------------------------------------
+# Curated: bidirectional per-GPU bandwidth of the OPTIONAL NVLink bridge of PCIe cards,
+# GB/s (HardwareSpec.nvlink_bridge_bw_gbps). Not a CSV column: the CSV gives these cards'
+# PCIe figure as intra_node_bw and states the bridge in its notes ("Optional NVLink bridge
+# (600 GB/s per NVIDIA ...)" for A100 PCIe 40/80 GB, "Optional NVLink bridge 600 GB/s
+# (NVIDIA table)" for H100 PCIe). Cards whose scale-up link IS the bridge (A40, H100/H200
+# NVL) already carry it as intra_node_bw.
+# --------------------------------------------------------------------------------------
+NVLINK_BRIDGE_BW_GBPS: dict[str, float] = {
+    "a100-pcie-40gb": 600.0,
+    "a100-pcie-80gb": 600.0,
+    "h100-pcie-80gb": 600.0,
+}
+
 # Curated: fabric confidence, only where the CSV notes or its README state it
 # (ib-ndr-400-gb200-nvl72: "LOW CONFIDENCE" in its notes; nvl72-gb300: verda.com, the
 # README's weakest source). Other rows: not stated (null).
@@ -335,6 +349,7 @@ def accelerator_entry(row: dict[str, str]) -> dict[str, Any]:
         notes = f"{notes} Memory capacity unit as stated by the vendor: {unit}.".strip()
     entry["notes"] = notes
     entry["default_fabric"] = DEFAULT_FABRIC[hw_id]
+    entry["nvlink_bridge_bw_gbps"] = NVLINK_BRIDGE_BW_GBPS.get(hw_id)
     entry["aliases"] = list(ALIASES.get(hw_id, ()))
     return entry
 
@@ -359,7 +374,9 @@ def fabric_entry(row: dict[str, str]) -> dict[str, Any]:
 
 def check_curated_tables(accel_ids: set[str], fabric_ids: set[str]) -> None:
     """Fail when a curated table names an id that is not in the CSVs."""
-    for table_name, keys in (("ALIASES", set(ALIASES)), ("DEFAULT_FABRIC", set(DEFAULT_FABRIC))):
+    curated = (("ALIASES", set(ALIASES)), ("DEFAULT_FABRIC", set(DEFAULT_FABRIC)),
+               ("NVLINK_BRIDGE_BW_GBPS", set(NVLINK_BRIDGE_BW_GBPS)))  # fmt: skip
+    for table_name, keys in curated:
         stale = keys - accel_ids
         if stale:
             raise CatalogBuildError(f"{table_name} names ids not in accelerators.csv: {sorted(stale)}")

@@ -139,6 +139,8 @@ def test_collectives_fixture_merges_ranks(tmp_path: Path) -> None:
     assert (ar["measured_min_ms"], ar["measured_max_ms"]) == (0.09, 0.31)
     assert (ar["op"], ar["bytes"], ar["n_ranks"], ar["ranks_per_node"]) == ("allreduce", 2048, 2, 2)
     assert rec["n_rows_merged"].sum() + result.n_rejected == len(COLL_ROWS)
+    bridged = dict(zip(rec["cluster"], rec["nvlink_bridged"], strict=True))
+    assert bridged == {"a100_dgx": False, "a40_pairwise_nvlink": True, "a100_pairwise_nvlink": True}
     gpus = dict(zip(rec["cluster"], rec["gpu"], strict=True))
     assert gpus == {
         "a100_dgx": "NVIDIA A100-SXM4-80GB",

@@ -33,7 +33,7 @@ def _ops(**overrides: object) -> pd.DataFrame:
 
 def test_version_and_columns() -> None:
     out = featurize_collectives(_ops())
-    assert COLLECTIVE_FEATURES_VERSION == 2  # 2: the all-reduce tree is a chain inside a node
+    assert COLLECTIVE_FEATURES_VERSION == 3  # 3: nvlink_bridged rows use the bridge inside a node
     assert list(out.columns[: len(COLLECTIVE_FEATURES)]) == list(COLLECTIVE_FEATURES)
     assert {"intra_link_kind", "inter_link_kind", "gpu_id"} <= set(out.columns)
     assert list(out.index) == [10, 11, 12, 13, 14]
@@ -117,3 +117,26 @@ def test_bad_rows_raise_spec_error(overrides: dict, match: str) -> None:
 def test_missing_column() -> None:
     with pytest.raises(SpecError, match="lack columns"):
         featurize_collectives(_ops().drop(columns="bytes"))
+
+
+def test_nvlink_bridged_pairs_use_the_bridge_and_larger_groups_keep_pcie() -> None:
+    ops = pd.DataFrame({
+        "op": ["allreduce"] * 4 + ["sendrecv"],
+        "bytes": [2**28] * 5,
+        "n_ranks": [2, 2, 4, 4, 2],
+        "ranks_per_node": [2, 2, 4, 4, 2],
+        "gpu": "a100-pcie-80gb",
+        "dtype": "fp16",
+        "nvlink_bridged": [False, True, False, True, None],
+    })  # fmt: skip
+    out = featurize_collectives(ops)
+    hw = HardwareSpec.from_name("a100-pcie-80gb")
+    assert out["intra_bw_gbps"].tolist() == [32.0, hw.nvlink_bridge_bw_gbps / 2, 32.0, 32.0, 32.0]
+    assert out["intra_link_kind"].tolist() == ["pcie", "nvlink", "pcie", "pcie", "pcie"]
+    assert out["alpha_beta_ms"][1] < out["alpha_beta_ms"][0] / 5  # 300 vs 32 GB/s a direction
+    assert out["alpha_beta_ms"][3] == out["alpha_beta_ms"][2]  # a 4-GPU ring crosses PCIe between bridges
+    # parts whose scale-up link is not PCIe are unaffected; a PCIe card without a bridge figure is an error
+    sxm = featurize_collectives(ops.assign(gpu="a100-sxm4-80gb"))
+    assert sxm["alpha_beta_ms"][1] == sxm["alpha_beta_ms"][0]
+    with pytest.raises(SpecError, match="nvlink_bridged=True but p100-pcie-16gb has no nvlink_bridge_bw_gbps"):
+        featurize_collectives(ops.assign(gpu="p100-pcie-16gb"))

@@ -121,7 +121,7 @@ OP_INT_COLUMNS = (
     "batch", "m", "n", "k", "rows", "cols", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim",
     "bytes", "n_ranks", "ranks_per_node", "n_repeats",
 )  # fmt: skip
-OP_BOOL_COLUMNS = ("scalar", "causal", "backward")
+OP_BOOL_COLUMNS = ("scalar", "causal", "backward", "nvlink_bridged")
 OP_TIME_COLUMNS = ("measured_ms", "measured_min_ms", "measured_max_ms", "measured_std_ms")
 """Measured op times, ms: the statistic the source reports (median or mean of the fastest
 runs, see the dataset card), and, where known, its min, max and standard deviation."""

@@ -24,8 +24,8 @@ Link kinds (:data:`LINK_KINDS`) come from the catalog: the intra-node kind from 
 xgmi, ``ICI ...`` -> ici, integrated ``RoCE`` -> roce, ``PCIe ...`` -> pcie), the
 inter-node kind from the fabric id (``ib-*`` -> infiniband, ``roce-*`` -> roce, NVLink
 domains -> nvlink, ``*-dcn`` -> dcn). ``nvlink_bridge`` flags PCIe cards whose catalog
-text mentions NVLink bridges: pairs of them may be bridged, which the catalog bandwidth
-does not describe.
+text mentions NVLink bridges; a row's ``nvlink_bridged`` says its cluster has them, and then
+pairs inside a node run over the bridge (link kind nvlink, the catalog's bridge bandwidth).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import pandas as pd
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError
 from perfcast.features.collectives import collective_time_s
-from perfcast.features.hardware import ClusterSpec, HardwareSpec
+from perfcast.features.hardware import NVLINK_BRIDGE_GPUS, ClusterSpec, HardwareSpec
 
 __all__ = [
     "COLLECTIVE_CODES",
@@ -50,8 +50,9 @@ __all__ = [
     "intra_link_kind",
 ]
 
-COLLECTIVE_FEATURES_VERSION = 2
-"""Bumped when a feature changes meaning (2: NCCL's all-reduce tree is a chain inside a node)."""
+COLLECTIVE_FEATURES_VERSION = 3
+"""Bumped when a feature changes meaning (2: NCCL's all-reduce tree is a chain inside a node;
+3: rows with ``nvlink_bridged`` use the PCIe card's NVLink bridge inside a node)."""
 
 # Stable integer codes (saved models depend on them: append, never reorder).
 COLLECTIVE_CODES: dict[str, int] = {
@@ -164,14 +165,24 @@ def _check_input(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return op, nbytes, n_ranks, rpn
 
 
+def _bridged(ops: pd.DataFrame) -> np.ndarray:
+    """The optional ``nvlink_bridged`` column as bools (False where missing or empty)."""
+    if "nvlink_bridged" not in ops.columns:
+        return np.zeros(len(ops), dtype=bool)
+    col = ops["nvlink_bridged"]
+    return col.where(col.notna(), False).astype(bool).to_numpy()
+
+
 def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
     """Collective features of op-table rows, aligned with ``ops`` (same index).
 
     Args:
         ops: collective rows: ``op``, ``bytes`` (message size per rank, bytes),
             ``n_ranks``, optional ``ranks_per_node``, ``dtype``, ``gpu`` (catalog id or
-            device name) and ``inter_node`` (fabric id; the GPU's default fabric when
-            missing).
+            device name), ``inter_node`` (fabric id; the GPU's default fabric when
+            missing) and ``nvlink_bridged`` (PCIe cards with their optional NVLink
+            bridges: groups of up to 2 GPUs a node use the bridge, see
+            :meth:`ClusterSpec.build`; False when missing).
 
     Returns:
         The :data:`COLLECTIVE_FEATURES` columns, in that order, plus ``intra_link_kind``,
@@ -189,8 +200,9 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
         if "inter_node" in ops.columns
         else np.full(n, None, dtype=object)
     )
+    bridged = _bridged(ops)
     keys = pd.MultiIndex.from_arrays(
-        [gpu, n_ranks.astype(np.int64), np.where(np.isnan(rpn), -1, rpn).astype(np.int64), fabric]
+        [gpu, n_ranks.astype(np.int64), np.where(np.isnan(rpn), -1, rpn).astype(np.int64), fabric, bridged]
     )
     codes, uniques = pd.factorize(keys)
     per_key: dict[str, list] = {
@@ -208,23 +220,24 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
         )
     }
     hw_cache: dict[Hashable, HardwareSpec] = {}
-    for i, (g, nr, r, fab) in enumerate(uniques):
+    for i, (g, nr, r, fab, bridge) in enumerate(uniques):
         where = codes == i
         fab = None if pd.isna(fab) or not str(fab).strip() else str(fab)
         try:
             hw = hw_cache.get(g) or HardwareSpec.from_name(g)
             hw_cache[g] = hw
-            cluster = ClusterSpec.build(hw, int(nr), None if r < 0 else int(r), fab)
+            cluster = ClusterSpec.build(hw, int(nr), None if r < 0 else int(r), fab, nvlink_bridged=bool(bridge))
         except SpecError as exc:
             raise SpecError(f"rows {_rows(ops.index, where)} (gpu={g!r}, n_ranks={nr}): {exc}") from None
         link = (hw.intra_node_link or "").lower()
+        over_bridge = bool(bridge) and link.startswith("pcie") and cluster.gpus_per_node <= NVLINK_BRIDGE_GPUS
         per_key["gpu_id"].append(hw.id)
         per_key["rpn"].append(cluster.gpus_per_node)
         per_key["intra_bw"].append(cluster.intra_node_bw_gbps)
         per_key["inter_bw"].append(cluster.inter_node_bw_gbps)
         per_key["intra_lat"].append(cluster.intra_node_latency_us)
         per_key["inter_lat"].append(cluster.inter_node_latency_us)
-        per_key["intra_kind"].append(intra_link_kind(hw))
+        per_key["intra_kind"].append("nvlink" if over_bridge else intra_link_kind(hw))
         per_key["inter_kind"].append(inter_link_kind(cluster.inter_node_fabric))
         per_key["bridge"].append(float(link.startswith("pcie") and "nvlink bridge" in link))
     col = {k: np.asarray(v, dtype=object if k in ("gpu_id", "intra_kind", "inter_kind") else float)[codes]

@@ -63,6 +63,8 @@ _GIB = 2**30
 # - NVLink/NVSwitch, AMD xGMI, Gaudi scale-up RoCE and TPU ICI: NCCL/RCCL point-to-point
 #   latency of a few us for small messages (kernel launch + protocol), taken as 3 us;
 # - PCIe-only cards (peer traffic through the PCIe switch or the host): 5 us.
+NVLINK_BRIDGE_GPUS = 2
+"""GPUs one optional NVLink bridge joins on a PCIe card (A100 and H100 PCIe: pairs)."""
 NVLINK_INTRA_NODE_LATENCY_US = 3.0
 PCIE_INTRA_NODE_LATENCY_US = 5.0
 
@@ -94,7 +96,9 @@ class HardwareSpec(BaseModel):
     figure was not found in a vendor source (or the part does not support the format;
     ``notes`` says which). ``intra_node_bw_gbps`` is the per-GPU scale-up bandwidth,
     BIDIRECTIONAL as the vendor states it (NVLink 4: 900 GB/s = 450 GB/s per direction);
-    see :attr:`intra_node_bw_uni_gbps`.
+    see :attr:`intra_node_bw_uni_gbps`. ``nvlink_bridge_bw_gbps`` (bidirectional, per GPU)
+    is the optional NVLink bridge of a PCIe card that joins :data:`NVLINK_BRIDGE_GPUS` GPUs,
+    for clusters that have it (``ClusterSpec.build(..., nvlink_bridged=True)``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -123,6 +127,7 @@ class HardwareSpec(BaseModel):
     tdp_w: float | None
     intra_node_link: str | None
     intra_node_bw_gbps: float | None
+    nvlink_bridge_bw_gbps: float | None = None
     pcie_gen: int | None
     typical_gpus_per_node: int | None
     release_year: int | None
@@ -149,6 +154,7 @@ class HardwareSpec(BaseModel):
         "l2_cache_mib",
         "tdp_w",
         "intra_node_bw_gbps",
+        "nvlink_bridge_bw_gbps",
         "pcie_gen",
         "typical_gpus_per_node",
         "release_year",
@@ -421,6 +427,8 @@ class ClusterSpec(BaseModel):
         num_gpus: int,
         gpus_per_node: int | None = None,
         inter_node: str | None = None,
+        *,
+        nvlink_bridged: bool = False,
     ) -> ClusterSpec:
         """Cluster of ``num_gpus`` x ``gpu`` with figures from the catalog.
 
@@ -428,7 +436,12 @@ class ClusterSpec(BaseModel):
         - ``gpus_per_node``: defaults to ``gpu.typical_gpus_per_node``, else
           ``DEFAULT_GPUS_PER_NODE`` (8, the common server for PCIe cards); the value used
           is capped at ``num_gpus`` (a 4-GPU run on an 8-GPU node uses 4 per node);
-        - ``inter_node``: a fabric id, defaults to ``gpu.default_fabric``.
+        - ``inter_node``: a fabric id, defaults to ``gpu.default_fabric``;
+        - ``nvlink_bridged``: the PCIe cards carry their optional NVLink bridges. When the
+          GPUs of a node fit in one bridge (at most :data:`NVLINK_BRIDGE_GPUS`), the
+          intra-node link is the bridge (``nvlink_bridge_bw_gbps``, NVLink latency);
+          with more GPUs a node's ring crosses PCIe between bridges and keeps the PCIe
+          figures. No effect on parts whose scale-up link is not PCIe.
 
         Bandwidths: intra-node = :attr:`HardwareSpec.intra_node_bw_uni_gbps`, inter-node =
         :meth:`FabricSpec.per_gpu_bw_for`. Latencies: intra-node
@@ -450,13 +463,22 @@ class ClusterSpec(BaseModel):
                 f"{hw.id} has no intra_node_bw_gbps in the catalog; construct ClusterSpec "
                 "directly with intra_node_bw_gbps (GB/s per GPU, one direction)"
             )
+        intra_bw, intra_latency = hw.intra_node_bw_uni_gbps, _intra_node_latency_us(hw)
+        if nvlink_bridged and (hw.intra_node_link or "").lower().startswith("pcie"):
+            if hw.nvlink_bridge_bw_gbps is None:
+                raise SpecError(
+                    f"nvlink_bridged=True but {hw.id} has no nvlink_bridge_bw_gbps in the catalog (its link: "
+                    f"{hw.intra_node_link!r}); allowed only for PCIe cards with an optional NVLink bridge"
+                )
+            if per_node <= NVLINK_BRIDGE_GPUS:
+                intra_bw, intra_latency = hw.nvlink_bridge_bw_gbps / 2.0, NVLINK_INTRA_NODE_LATENCY_US
         fields = {
             "gpu": hw,
             "num_gpus": num_gpus,
             "gpus_per_node": per_node,
-            "intra_node_bw_gbps": hw.intra_node_bw_uni_gbps,
+            "intra_node_bw_gbps": intra_bw,
             "inter_node_bw_gbps": fabric.per_gpu_bw_for(hw, per_node),
-            "intra_node_latency_us": _intra_node_latency_us(hw),
+            "intra_node_latency_us": intra_latency,
             "inter_node_latency_us": fabric.latency_us,
             "inter_node_fabric": fabric.id,
         }

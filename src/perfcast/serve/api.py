@@ -61,6 +61,7 @@ class OpRow(BaseModel):
     bytes: float | None = Field(None, gt=0, description="Collective payload, bytes")
     n_ranks: int | None = Field(None, ge=1)
     ranks_per_node: int | None = Field(None, ge=1)
+    nvlink_bridged: bool | None = Field(None, description="PCIe cards joined in pairs by NVLink bridges")
 
 
 class RunRow(BaseModel):

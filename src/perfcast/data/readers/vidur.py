@@ -74,7 +74,8 @@ cluster name (:data:`VIDUR_CLUSTER_GPUS`):
 * ``a100_pairwise_nvlink`` -> "NVIDIA A100 80GB PCIe": 4 GPUs a node with NVLink only between
   pairs is the PCIe-card topology (NVLink bridges on pairs, PCIe between pairs, Azure NC A100
   v4); SXM boards connect all GPUs by NVSwitch or a full NVLink mesh. The data agree: a 2-GPU
-  all-reduce moves ~380 GB/s, a 4-GPU one only ~31 GB/s.
+  all-reduce moves ~380 GB/s, a 4-GPU one only ~31 GB/s. These rows carry
+  ``nvlink_bridged=True``, so a pair inside a node is timed over the bridge, not PCIe.
 * ``h100_pairwise_nvlink`` -> "NVIDIA H100 PCIe" by the same reasoning (80 GB, as in Vidur's
   device config); ``a40_pairwise_nvlink`` -> "NVIDIA A40" (a PCIe card with NVLink bridges).
 """
@@ -106,6 +107,9 @@ VIDUR_COMPUTE_GPUS: dict[str, str] = {
     "H100": "NVIDIA H100 80GB HBM3",
 }
 """Vidur's compute device names -> device names the hardware catalog resolves (module docstring)."""
+
+PAIRWISE_NVLINK_SUFFIX = "_pairwise_nvlink"
+"""Clusters of PCIe cards joined in pairs by NVLink bridges (their rows get ``nvlink_bridged``)."""
 
 VIDUR_CLUSTER_GPUS: dict[str, str] = {
     "a100_dgx": "NVIDIA A100-SXM4-80GB",
@@ -199,6 +203,7 @@ def read_vidur_collectives(path: str | Path) -> ReadResult:
     Returns:
         ``records``: ``op`` (allreduce | sendrecv), ``bytes``, ``n_ranks``, ``ranks_per_node``,
         ``dtype`` (fp16), ``gpu`` (see :data:`VIDUR_CLUSTER_GPUS`), ``backward`` (False),
+        ``nvlink_bridged`` (True for the ``*_pairwise_nvlink`` clusters),
         ``measured_ms`` (max over ranks of the rank's median, see the module docstring),
         ``measured_min_ms``, ``measured_max_ms``, and provenance: ``source``, ``cluster``,
         ``kernel`` (Vidur's collective name), ``max_devices_per_node``, ``n_ranks_reported``,
@@ -382,8 +387,9 @@ def _collective_rows(good: pd.DataFrame) -> pd.DataFrame:
     """Merge the accepted rows of all ranks into one record per measurement."""
     key = ["cluster", "collective", "num_workers", "devices_per_node", "size_bytes"]
     columns = [
-        "op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "backward", "measured_ms", "measured_min_ms",
-        "measured_max_ms", "source", "cluster", "kernel", "max_devices_per_node", "n_ranks_reported", "n_rows_merged",
+        "op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "backward", "nvlink_bridged", "measured_ms",
+        "measured_min_ms", "measured_max_ms", "source", "cluster", "kernel", "max_devices_per_node",
+        "n_ranks_reported", "n_rows_merged",
     ]  # fmt: skip
     if good.empty:
         return pd.DataFrame(columns=columns)
@@ -414,6 +420,7 @@ def _collective_rows(good: pd.DataFrame) -> pd.DataFrame:
             "dtype": VIDUR_DTYPE,
             "gpu": merged["cluster"].map(VIDUR_CLUSTER_GPUS),
             "backward": False,
+            "nvlink_bridged": merged["cluster"].str.endswith(PAIRWISE_NVLINK_SUFFIX),
             "measured_ms": merged["measured_ms"],
             "measured_min_ms": merged["measured_min_ms"],
             "measured_max_ms": merged["measured_max_ms"],
