@@ -35,7 +35,7 @@ from perfcast.training.evaluate import evaluate_logo, evaluation_class, few_shot
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 FEW_SHOT_DESIGNS = ("spread", "random")
-FEW_SHOT_KS = (0, 5, 20, 100, 700)  # 700: about what a one-minute `perfcast calibrate` sweep measures
+FEW_SHOT_KS = (0, 5, 20, 100, 700)  # a one-minute `perfcast calibrate` measures ~700 ops, 2/3 GEMMs
 FILES = {
     "neusight-gemm": "neusight_kernels_gemm.csv.gz",
     "neusight-vector": "neusight_kernels_vector.csv.gz",

@@ -129,8 +129,8 @@ def markdown(table: pd.DataFrame, few: pd.DataFrame, meta: dict) -> str:
         wide = few.pivot_table(index="eval_class", columns="k", values="mape")
         cover = few.pivot_table(index="eval_class", columns="k", values="coverage") * 100
         lines += ["", "Few-shot: MAPE on the other ops, and coverage of the corrected 90% interval, after a correction "
-                  "fitted on k measured ops of the new GPU (spread over the shapes, median of 5 draws; k=700 is about "
-                  "what a one-minute `perfcast calibrate` measures):", "",
+                  "fitted on k measured ops of the new GPU (spread over the shapes, median of 5 draws; a one-minute "
+                  "`perfcast calibrate` measures about 700 ops in all, two thirds of them GEMMs):", "",
                   "| class | " + " | ".join(f"k={k}" for k in wide.columns) + " |",
                   "|---|" + "---:|" * len(wide.columns)]  # fmt: skip
         for label, frame in (("MAPE", wide), ("coverage", cover)):
