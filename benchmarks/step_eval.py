@@ -75,12 +75,15 @@ DEFAULT_DATA = ROOT.parent / "shared" / "data"
 DEFAULT_BUNDLE = ROOT / "src" / "perfcast" / "models" / "default_bundle"
 OUT = ROOT / "benchmarks" / "results"
 COLLECTIVE_FILES = ("vtrain_nccl_allreduce.csv.gz", "vidur_collectives.csv.gz")
-COLLECTIVE_COLUMNS = ["op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "measured_ms"]
+COLLECTIVE_COLUMNS = ["op", "bytes", "n_ranks", "ranks_per_node", "nvlink_bridged", "dtype", "gpu", "measured_ms"]
 
 
 def train_collective_model(data: Path) -> CollectiveTimeRegressor:
     """Collective model fitted on the measured NCCL tables."""
-    frames = [read_source(data / f, resolve_gpu=resolve_gpu_name).records[COLLECTIVE_COLUMNS] for f in COLLECTIVE_FILES]
+    frames = [
+        read_source(data / f, resolve_gpu=resolve_gpu_name).records.reindex(columns=COLLECTIVE_COLUMNS)
+        for f in COLLECTIVE_FILES
+    ]
     table = pd.concat(frames, ignore_index=True)
     return CollectiveTimeRegressor(n_jobs=2).fit(table, table["measured_ms"])
 

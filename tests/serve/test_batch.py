@@ -139,6 +139,25 @@ def test_op_table_reports_bad_rows_and_answers_good_ones():
     assert out["pred_ms"].iloc[0] == pytest.approx(2 * 4096**3 / 989.5e12 * 1e3, rel=1e-6)
 
 
+def test_collective_rows_honour_the_fabric_and_nvlink_bridges():
+    pair = {"op": "allreduce", "bytes": 2**28, "n_ranks": 2, "gpu": "a100-pcie-80gb", "dtype": "fp16"}
+    ops = pd.DataFrame([
+        {**pair, "ranks_per_node": 2},
+        {**pair, "ranks_per_node": 2, "nvlink_bridged": "true"},
+        {**pair, "ranks_per_node": 1},
+        {**pair, "ranks_per_node": 1, "inter_node": "ib-ndr-400-dgx-h100"},
+        {**pair, "ranks_per_node": 2, "nvlink_bridged": True, "gpu": "p100-pcie-16gb"},
+        {**pair, "ranks_per_node": 1, "inter_node": "ib-ndr-400"},
+    ])  # fmt: skip
+    out = predict_ops_table(ops)
+    pred, errors = out["pred_ms"].to_numpy(), out[ERROR_COLUMN].tolist()
+    assert pred[1] < pred[0] / 5  # the bridge (300 GB/s a direction) instead of PCIe (32)
+    assert pred[3] < pred[2] / 5  # NDR-400 instead of the card's default EDR-100
+    assert "p100-pcie-16gb has no nvlink_bridge_bw_gbps" in errors[4]
+    assert "inter_node='ib-ndr-400' is not a known fabric" in errors[5]
+    assert errors[:4] == ["", "", "", ""]
+
+
 def test_op_table_all_bad_rows():
     out = predict_ops_table(OPS.iloc[[1, 3]])
     assert (out[ERROR_COLUMN] != "").all() and out["pred_ms"].isna().all()

@@ -48,6 +48,7 @@ __all__ = [
     "featurize_collectives",
     "inter_link_kind",
     "intra_link_kind",
+    "nvlink_bridged_flags",
 ]
 
 COLLECTIVE_FEATURES_VERSION = 3
@@ -165,12 +166,20 @@ def _check_input(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return op, nbytes, n_ranks, rpn
 
 
-def _bridged(ops: pd.DataFrame) -> np.ndarray:
+def nvlink_bridged_flags(ops: pd.DataFrame) -> np.ndarray:
     """The optional ``nvlink_bridged`` column as bools (False where missing or empty)."""
     if "nvlink_bridged" not in ops.columns:
         return np.zeros(len(ops), dtype=bool)
-    col = ops["nvlink_bridged"]
-    return col.where(col.notna(), False).astype(bool).to_numpy()
+    return np.array([_truthy(v) for v in ops["nvlink_bridged"].to_numpy(dtype=object)], dtype=bool)
+
+
+def _truthy(value: object) -> bool:
+    """Booleans, numbers and the strings true/yes/1 (any case) as True; empty and NaN as False."""
+    if isinstance(value, str):
+        return value.strip().lower() in {"1", "true", "yes", "y", "t"}
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return False
+    return bool(value)
 
 
 def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
@@ -200,7 +209,7 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
         if "inter_node" in ops.columns
         else np.full(n, None, dtype=object)
     )
-    bridged = _bridged(ops)
+    bridged = nvlink_bridged_flags(ops)
     keys = pd.MultiIndex.from_arrays(
         [gpu, n_ranks.astype(np.int64), np.where(np.isnan(rpn), -1, rpn).astype(np.int64), fabric, bridged]
     )

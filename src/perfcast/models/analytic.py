@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from perfcast.features.collective_features import nvlink_bridged_flags
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.memory import MemoryBreakdown, peak_memory
 from perfcast.features.parallel import Finetune
@@ -84,20 +85,25 @@ class AnalyticOpPredictor:
         """(pred, lo, hi) in ms for checked op-table rows; lo and hi are NaN.
 
         Each row runs on the catalog cluster of its ``gpu`` with ``n_ranks`` ranks,
-        ``ranks_per_node`` per node (compute rows: one GPU).
+        ``ranks_per_node`` per node, the ``inter_node`` fabric (default: the GPU's) and
+        ``nvlink_bridged`` (compute rows: one GPU).
         """
         ranks = pd.to_numeric(ops.get("n_ranks"), errors="coerce") if "n_ranks" in ops else None
         rpn = pd.to_numeric(ops.get("ranks_per_node"), errors="coerce") if "ranks_per_node" in ops else None
+        fabric = ops["inter_node"].astype(object).where(ops["inter_node"].notna(), "") if "inter_node" in ops else ""
         out = np.full(len(ops), np.nan)
         keys = pd.DataFrame(
             {
                 "gpu": ops["gpu"].astype(str).to_numpy(),
                 "n": (ranks.fillna(1).clip(lower=1) if ranks is not None else pd.Series(1, index=ops.index)).to_numpy(),
                 "rpn": (rpn.fillna(0) if rpn is not None else pd.Series(0, index=ops.index)).to_numpy(),
+                "fabric": fabric if isinstance(fabric, str) else fabric.astype(str).str.strip().to_numpy(),
+                "bridged": nvlink_bridged_flags(ops),
             }
         )
-        for (gpu, n, per_node), positions in keys.groupby(["gpu", "n", "rpn"]).indices.items():
-            cluster = ClusterSpec.build(gpu, int(n), int(per_node) or None)
+        groups = keys.groupby(["gpu", "n", "rpn", "fabric", "bridged"]).indices.items()
+        for (gpu, n, per_node, fab, bridged), positions in groups:
+            cluster = ClusterSpec.build(gpu, int(n), int(per_node) or None, fab or None, nvlink_bridged=bool(bridged))
             rows = ops.iloc[positions].assign(ranks_per_node=cluster.gpus_per_node, n_ranks=int(n))
             out[positions] = op_time_ms(rows, cluster)
         nan = np.full(len(ops), np.nan)
