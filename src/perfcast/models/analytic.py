@@ -17,6 +17,7 @@ import pandas as pd
 from perfcast.features.collective_features import nvlink_bridged_flags
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.memory import MemoryBreakdown, peak_memory
+from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
@@ -98,7 +99,7 @@ class AnalyticOpPredictor:
                 "n": (ranks.fillna(1).clip(lower=1) if ranks is not None else pd.Series(1, index=ops.index)).to_numpy(),
                 "rpn": (rpn.fillna(0) if rpn is not None else pd.Series(0, index=ops.index)).to_numpy(),
                 "fabric": fabric if isinstance(fabric, str) else fabric.astype(str).str.strip().to_numpy(),
-                "bridged": nvlink_bridged_flags(ops),
+                "bridged": nvlink_bridged_flags(ops) & np.isin(op_kinds(ops), [o.value for o in COLLECTIVE_OPS]),
             }
         )
         groups = keys.groupby(["gpu", "n", "rpn", "fabric", "bridged"]).indices.items()

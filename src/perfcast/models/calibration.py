@@ -91,7 +91,7 @@ MIN_OPS_FOR_SLOPES = 10
 GP_INPUTS = ("dims", "log_intensity")
 """What places an op in the GP's space: its log dims, then its log intensity."""
 MIN_OPS_FOR_TREES = 100
-"""Measured ops of a class from which boosted trees model what the GP leave (at k = 100 on
+"""Measured ops of a class from which boosted trees model what the GP leaves (at k = 100 on
 NeuSight fp32 GEMMs: median MAPE 14.7% -> 13.1%; fewer ops over-fit)."""
 TREE_PARAMS: Mapping[str, Any] = MappingProxyType(
     {"max_depth": 4, "eta": 0.1, "min_child_weight": 3, "subsample": 0.8, "seed": 0, "nthread": 2, "verbosity": 0}
