@@ -234,6 +234,26 @@ def test_few_gpus_fall_back_to_row_folds(caplog):
     assert (interval[:, 0] <= interval[:, 1]).all()
 
 
+def test_a_class_seen_on_one_gpu_borrows_the_gemm_gpu_shifts(caplog):
+    ops, t = make_ops(n_gemm=120, n_vector=0)
+    rng = np.random.default_rng(3)
+    attn = pd.DataFrame({"op": "attention", "batch": rng.choice([1, 4, 16], 120), "heads": 16,
+                         "seq_q": rng.choice([512, 1024, 4096], 120), "head_dim": 128, "dtype": "fp16", "gpu": "t4"})
+    attn["seq_kv"] = attn["seq_q"]  # fmt: skip
+    feats = featurize_ops(attn)
+    y_attn = TRUE_LAUNCH_MS + feats["roofline_ms"].to_numpy() / 0.5 * rng.lognormal(0, 0.02, len(attn))
+    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_model"):
+        model = OpTimeRegressor(**FAST).fit(pd.concat([ops, attn], ignore_index=True), np.r_[t, y_attn])
+    assert model.interval_kind_ == {"gemm": "gpu", "attention": "borrowed:gemm"}
+    np.testing.assert_array_equal(model.gpu_shifts_["attention"], model.gpu_shifts_["gemm"])
+    assert "a GPU-level interval borrowed from gemm" in caplog.text
+    # wider than the within-GPU interval alone: the spread between GPUs is added
+    within = OpTimeRegressor(**FAST).fit(attn, y_attn)
+    assert within.interval_kind_ == {"attention": "row"}
+    q_borrowed, q_within = model.residual_quantiles("attention"), within.residual_quantiles("attention")
+    assert q_borrowed[1] - q_borrowed[0] > q_within[1] - q_within[0]
+
+
 def test_launch_default_without_tiny_ops():
     ops, t = make_ops({"t4": 0.6}, n_gemm=40, n_vector=0)
     big = ops.assign(m=ops["m"] + 2048, n=ops["n"] + 2048, k=ops["k"] + 2048)

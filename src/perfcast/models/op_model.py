@@ -80,6 +80,10 @@ INNER_TREES_FRACTION = 0.75  # ... and 3/4 of the trees (research: 20k rows / 30
 MIN_CALIBRATION_GPUS = 3
 N_ROW_FOLDS = 5
 
+SHIFT_DONORS = {OpClass.ATTENTION.value: OpClass.GEMM.value}
+"""A class fitted on fewer than MIN_CALIBRATION_GPUS GPUs borrows the GPU shifts of this class:
+fused attention is matmul-bound, and the shipped default learns it from one GPU (H200)."""
+
 # GPU descriptors checked by out_of_domain (catalog fields).
 DOMAIN_DESCRIPTORS = ("sm_count", "mem_bw_gbps", "l2_cache_mib", "peak_fp32_tflops")
 DOMAIN_DIMS = {
@@ -144,7 +148,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             (row-fold or in-sample) residuals.
         gpu_shifts_: ``{class: shifts}``, the median out-of-GPU log residual of each
             calibration GPU (empty without a GPU-level calibration).
-        interval_kind_: ``{class: "gpu" | "row" | "in-sample"}``.
+        interval_kind_: ``{class: "gpu" | "row" | "in-sample" | "borrowed:<class>"}``
+            (borrowed: too few GPUs of its own, see :data:`SHIFT_DONORS`).
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
     """
 
@@ -211,6 +216,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             else:
                 self.gpu_shifts_[cls] = np.empty(0)
             self.residuals_[cls] = compress_residuals(res, weights)
+        self._borrow_gpu_shifts()
 
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
         self.train_gpus_ = tuple(sorted(pd.unique(feats["gpu_id"])))
@@ -224,6 +230,26 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             for cls in classes
         }  # fmt: skip
         return self
+
+    def _borrow_gpu_shifts(self) -> None:
+        """Give a class fitted on too few GPUs the GPU shifts of its :data:`SHIFT_DONORS` class.
+
+        Its interval then adds the donor's spread between GPUs to its own within-GPU spread
+        (``interval_kind_`` ``"borrowed:<donor>"``) instead of covering only the GPUs it saw.
+        """
+        for cls, donor in SHIFT_DONORS.items():
+            if (
+                self.interval_kind_.get(cls, "gpu") != "gpu"
+                and self.interval_kind_.get(donor) == "gpu"
+                and len(self.gpu_shifts_[donor]) >= MIN_CALIBRATION_GPUS
+            ):
+                self.gpu_shifts_[cls] = self.gpu_shifts_[donor].copy()
+                self.interval_kind_[cls] = f"borrowed:{donor}"
+                logger.warning(
+                    "%s: instead of that within-GPU interval, the %s class's shifts between %d GPUs are added to "
+                    "its spread (a GPU-level interval borrowed from %s)",
+                    cls, donor, len(self.gpu_shifts_[donor]), donor,
+                )  # fmt: skip
 
     def _check_params(self) -> None:
         checks = {
@@ -407,8 +433,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
     def residual_quantiles(self, op_class: str, coverage: float = 0.9) -> tuple[float, float]:
         """The log-residual quantiles ``(q_lo <= 0 <= q_hi)`` of ``op_class``'s interval.
 
-        With a GPU-level calibration, ``(-q, q)`` for ``q`` the ``coverage`` quantile of the
-        random-effect ``|S + E|`` (module docstring); otherwise the ``(1-c)/2`` and
+        With a GPU-level calibration (own or borrowed shifts), ``(-q, q)`` for ``q`` the
+        ``coverage`` quantile of the random-effect ``|S + E|`` (module docstring); otherwise the ``(1-c)/2`` and
         ``(1+c)/2`` quantiles of the row-fold or in-sample residuals.
 
         The result is cached per ``(op_class, coverage)`` on the model (cleared by ``fit``,
