@@ -451,20 +451,21 @@ def _attention_features(feats, ops, sel, sms) -> None:
     heads, kv = _num(ops, "heads"), _num(ops, "kv_heads")
     kv = np.where(np.isnan(kv) | (kv <= 0), heads, kv)
     sq, skv, d = _num(ops, "seq_q"), _num(ops, "seq_kv"), _num(ops, "head_dim")
-    put = {
-        "l_b": _log(b),
-        "l_heads": _log(heads),
-        "l_gqa": _log(heads / kv),
-        "l_seq_q": _log(sq),
-        "l_seq_kv": _log(skv),
-        "l_head_dim": _log(d),
-        "is_causal": _flag(ops, "causal"),
-        "is_backward": _flag(ops, "backward"),
-    }
-    for t in ATTENTION_TILES:
-        blocks = np.ceil(sq / t)
-        put[f"l_waves{t}"], put[f"wave_eff{t}"] = _waves(b * heads * blocks, sms)
-        put[f"tile_eff{t}"] = sq / (blocks * t)
+    with np.errstate(invalid="ignore", divide="ignore"):  # rows of other classes (zero shapes) are discarded
+        put = {
+            "l_b": _log(b),
+            "l_heads": _log(heads),
+            "l_gqa": _log(heads / kv),
+            "l_seq_q": _log(sq),
+            "l_seq_kv": _log(skv),
+            "l_head_dim": _log(d),
+            "is_causal": _flag(ops, "causal"),
+            "is_backward": _flag(ops, "backward"),
+        }
+        for t in ATTENTION_TILES:
+            blocks = np.ceil(sq / t)
+            put[f"l_waves{t}"], put[f"wave_eff{t}"] = _waves(b * heads * blocks, sms)
+            put[f"tile_eff{t}"] = sq / (blocks * t)
     for name, values in put.items():
         feats[name] = np.where(sel, values, feats[name])
 
