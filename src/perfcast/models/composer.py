@@ -58,7 +58,7 @@ import pandas as pd
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
-from perfcast.features.ops import COLLECTIVE_OPS, op_flops, op_memory_bytes
+from perfcast.features.ops import COLLECTIVE_OPS, OpType, op_flops, op_memory_bytes
 from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
@@ -136,8 +136,10 @@ class ComposedStep:
         node_ms, node_lo_ms, node_hi_ms: per-node time, lower and upper bound, ms (bounds
             equal ``node_ms`` where the predictor gave none); nodes outside the timing scope
             are 0.
-        out_of_domain: some node in scope lies outside the op predictor's training range
-            (its time extrapolates); False for predictors that do not say.
+        out_of_domain: some node in scope lies outside the op predictor's training range (its
+            time extrapolates); False for predictors that do not say. The optimizer step is
+            not counted: a streaming update over all local parameters, no op table measures
+            it, and its size alone would flag every config (it is a small share of a step).
     """
 
     graph: WorkloadGraph
@@ -233,7 +235,8 @@ class StepComposer:
             end = start + graph.num_nodes
             keep = _in_scope(graph, scope)
             ms, lo_ms, hi_ms = (np.where(keep, a[start:end], 0.0) for a in (pred, lo, hi))
-            extrapolates = bool((keep & ood[start:end]).any())
+            counted = keep & (graph.column("op") != OpType.OPTIMIZER.value)  # see ComposedStep.out_of_domain
+            extrapolates = bool((counted & ood[start:end]).any())
             start = end
             overlap = self.overlap_grad_reduce or config.parallel.overlap_grad_reduce
             breakdown, lo_step, hi_step = compose_steps(graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=overlap)
@@ -303,7 +306,7 @@ class StepComposer:
             results.append(plan.finish(stages, batch.body_of, m, sync, optim, overlap_grad_reduce=overlap))
         ood = times[3]
         body_ood = np.bincount(plan.seg, ood[body_rows], minlength=len(batch.bodies)) > 0
-        step_ood = np.bincount(step_seg, ood[n_base:], minlength=len(batch.steps)) > 0
+        step_ood = np.bincount(step_seg, ood[n_base:] & ~is_optimizer, minlength=len(batch.steps)) > 0
         flags = body_ood[batch.body_of] | step_ood[batch.steps_of]
         return _table_frame(results[0], results[1]["step_ms"], results[2]["step_ms"]), flags
 
