@@ -30,7 +30,8 @@ estimate both, per op class:
 * with at least ``MIN_OPS_FOR_SPREAD`` ops of a class, the interval becomes the empirical
   spread of the leave-one-out residuals of that correction on that GPU (with trees,
   5-fold cross-fitted residuals of the whole correction: a within-GPU interval, since the
-  GPU is no longer unseen), otherwise the model's own interval is scaled along.
+  GPU is no longer unseen), read at split-conformal ranks (:func:`conformal_bounds`),
+  otherwise the model's own interval is scaled along.
 
 A :class:`GpuCorrection` is a JSON file (a few KB; some 600 KB with a GP and trees over
 700 ops); :class:`CalibratedPredictor` applies the corrections of the GPUs it has to any op
@@ -170,14 +171,27 @@ class GpuCorrection:
                 continue
             pred[m] *= factor[m]
             if cls in self.spread:
-                r = np.asarray(self.spread[cls])
-                q_lo = min(float(np.quantile(r, (1 - coverage) / 2)), 0.0)
-                q_hi = max(float(np.quantile(r, (1 + coverage) / 2)), 0.0)
-                lo[m], hi[m] = pred[m] * np.exp(q_lo), pred[m] * np.exp(q_hi)
+                q_lo, q_hi = conformal_bounds(np.asarray(self.spread[cls]), coverage)
+                lo[m], hi[m] = pred[m] * np.exp(min(q_lo, 0.0)), pred[m] * np.exp(max(q_hi, 0.0))
             else:
                 lo[m] *= factor[m]
                 hi[m] *= factor[m]
         return pred, lo, hi
+
+
+def conformal_bounds(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
+    """Split-conformal ``(lo, hi)`` of ``n`` held-out log residuals for a central ``coverage`` interval.
+
+    Each tail gets ``(1 - coverage) / 2``: ``hi`` is the ``ceil((n + 1)(1 + c) / 2)``-th smallest
+    residual and ``lo`` the ``floor((n + 1)(1 - c) / 2)``-th (the extremes when ``n`` is too
+    small for the level), the finite-sample rank that keeps the coverage of a new op of the
+    same GPU at ``coverage`` or above; plain quantiles of 20 residuals under-cover.
+    """
+    r = np.sort(np.asarray(residuals, dtype=float))
+    n = len(r)
+    k_hi = min(int(np.ceil((n + 1) * (1 + coverage) / 2)), n)
+    k_lo = max(int(np.floor((n + 1) * (1 - coverage) / 2)), 1)
+    return float(r[k_lo - 1]), float(r[k_hi - 1])
 
 
 def log_dims(ops: pd.DataFrame, cls: str) -> np.ndarray:
