@@ -39,6 +39,7 @@ from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError
 from perfcast.features.collectives import collective_time_s
 from perfcast.features.hardware import NVLINK_BRIDGE_GPUS, ClusterSpec, HardwareSpec
+from perfcast.features.ops import flag_column
 
 __all__ = [
     "COLLECTIVE_CODES",
@@ -168,18 +169,7 @@ def _check_input(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 
 def nvlink_bridged_flags(ops: pd.DataFrame) -> np.ndarray:
     """The optional ``nvlink_bridged`` column as bools (False where missing or empty)."""
-    if "nvlink_bridged" not in ops.columns:
-        return np.zeros(len(ops), dtype=bool)
-    return np.array([_truthy(v) for v in ops["nvlink_bridged"].to_numpy(dtype=object)], dtype=bool)
-
-
-def _truthy(value: object) -> bool:
-    """Booleans, numbers and the strings true/yes/1 (any case) as True; empty and NaN as False."""
-    if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "yes", "y", "t"}
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
-        return False
-    return bool(value)
+    return flag_column(ops, "nvlink_bridged")
 
 
 def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:

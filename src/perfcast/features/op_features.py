@@ -51,7 +51,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.hardware import HardwareSpec
-from perfcast.features.ops import BINARY_OPS, OpClass, op_classes, op_flops, op_memory_bytes
+from perfcast.features.ops import BINARY_OPS, OpClass, flag_column, op_classes, op_flops, op_memory_bytes
 from perfcast.features.roofline import MS_PER_S, roofline_s
 
 __all__ = [
@@ -205,20 +205,8 @@ def _num(ops: pd.DataFrame, name: str, default: float = np.nan) -> np.ndarray:
 
 
 def _flag(ops: pd.DataFrame, name: str) -> np.ndarray:
-    if name not in ops:
-        return np.zeros(len(ops), dtype=float)
-    col = ops[name]
-    if col.dtype == bool:
-        return col.to_numpy(dtype=float)
-    return col.map(_truthy).to_numpy(dtype=float)
-
-
-def _truthy(value: object) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "yes", "y", "t"}
-    if value is None or pd.isna(value):
-        return False
-    return bool(value)
+    """:func:`~perfcast.features.ops.flag_column` as floats (1.0 / 0.0)."""
+    return flag_column(ops, name).astype(float)
 
 
 def _log(x: np.ndarray, floor: float = 1.0) -> np.ndarray:
@@ -298,7 +286,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
     frame = ops.assign(op=kinds, dtype=dtype_names)
     for name in ("scalar", "causal", "backward"):  # nullable booleans (pd.NA) as plain bools for ops.py
         if name in frame:
-            frame[name] = _flag(frame, name).astype(bool)
+            frame[name] = flag_column(frame, name)
 
     flops = op_flops(frame)
     mem = op_memory_bytes(frame)

@@ -127,7 +127,9 @@ def _col(ops: OpColumns, name: str, default: float = 0.0) -> np.ndarray:
     return pd.to_numeric(pd.Series(column), errors="coerce").fillna(default).to_numpy(dtype=float)
 
 
-def _flag(ops: OpColumns, name: str) -> np.ndarray:
+def flag_column(ops: OpColumns, name: str) -> np.ndarray:
+    """An optional boolean column as bools: booleans, numbers and the strings true/yes/1 (any
+    case) are True; missing columns, empty cells and NaN are False."""
     if name not in ops:
         return np.zeros(_n_rows(ops), dtype=bool)
     column = ops[name]
@@ -139,7 +141,7 @@ def _flag(ops: OpColumns, name: str) -> np.ndarray:
 def _truthy(value: object) -> bool:
     if isinstance(value, str):
         return value.strip().lower() in {"1", "true", "yes", "y", "t"}
-    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+    if value is None or pd.isna(value):
         return False
     return bool(value)
 
@@ -161,13 +163,13 @@ def element_bytes(dtypes: pd.Series | np.ndarray, *, activations: bool) -> np.nd
 def op_flops(ops: OpColumns) -> np.ndarray:
     """Floating-point operations of each row (see the module docstring)."""
     kind = op_kinds(ops)
-    backward = _flag(ops, "backward")
+    backward = flag_column(ops, "backward")
     batch = _col(ops, "batch", 1.0)
     m, n, k = _col(ops, "m"), _col(ops, "n"), _col(ops, "k")
     gemm = 2.0 * batch * m * n * k + np.where(kind == OpType.LINEAR.value, batch * m * n, 0.0)
 
     attn = 4.0 * batch * _col(ops, "heads") * _col(ops, "seq_q") * _col(ops, "seq_kv") * _col(ops, "head_dim")
-    attn = attn * np.where(_flag(ops, "causal"), 0.5, 1.0)
+    attn = attn * np.where(flag_column(ops, "causal"), 0.5, 1.0)
     attn = attn * np.where(backward, ATTENTION_BACKWARD_FLOP_RATIO, 1.0)
 
     per_elem = (
@@ -188,7 +190,7 @@ def op_flops(ops: OpColumns) -> np.ndarray:
 def op_memory_bytes(ops: OpColumns) -> np.ndarray:
     """Bytes each row moves to and from device memory (collectives: their message size)."""
     kind = op_kinds(ops)
-    backward = _flag(ops, "backward")
+    backward = flag_column(ops, "backward")
     dtypes = ops["dtype"] if "dtype" in ops else np.full(_n_rows(ops), DType.BF16.value, dtype=object)
     operand = element_bytes(dtypes, activations=False)
     act = element_bytes(dtypes, activations=True)
@@ -205,7 +207,7 @@ def op_memory_bytes(ops: OpColumns) -> np.ndarray:
     attn = (qo + kv) * act * np.where(backward, 2.0, 1.0)
 
     elems = _col(ops, "rows", 1.0) * _col(ops, "cols")
-    binary = np.isin(kind, [o.value for o in BINARY_OPS]) & ~_flag(ops, "scalar")
+    binary = np.isin(kind, [o.value for o in BINARY_OPS]) & ~flag_column(ops, "scalar")
     vector = elems * act * np.where(backward, 3.0, np.where(binary, 3.0, 2.0))
     vector = np.where(kind == OpType.OPTIMIZER.value, elems * ADAM_BYTES_PER_PARAM, vector)
 
