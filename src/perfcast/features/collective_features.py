@@ -49,6 +49,7 @@ __all__ = [
     "featurize_collectives",
     "inter_link_kind",
     "intra_link_kind",
+    "inter_node_fabrics",
     "nvlink_bridged_flags",
 ]
 
@@ -167,6 +168,14 @@ def _check_input(ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return op, nbytes, n_ranks, rpn
 
 
+def inter_node_fabrics(ops: pd.DataFrame) -> np.ndarray:
+    """The optional ``inter_node`` column as stripped fabric ids (``""`` where missing or empty)."""
+    if "inter_node" not in ops.columns:
+        return np.full(len(ops), "", dtype=object)
+    col = ops["inter_node"].astype(object)
+    return col.where(col.notna(), "").astype(str).str.strip().to_numpy(dtype=object)
+
+
 def nvlink_bridged_flags(ops: pd.DataFrame) -> np.ndarray:
     """The optional ``nvlink_bridged`` column as bools (False where missing or empty)."""
     return flag_column(ops, "nvlink_bridged")
@@ -194,11 +203,7 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
     op, nbytes, n_ranks, rpn = _check_input(ops)
     n = len(ops)
     gpu = ops["gpu"].astype(str).to_numpy()
-    fabric = (
-        ops["inter_node"].astype(object).where(ops["inter_node"].notna(), None).to_numpy()
-        if "inter_node" in ops.columns
-        else np.full(n, None, dtype=object)
-    )
+    fabric = inter_node_fabrics(ops)
     bridged = nvlink_bridged_flags(ops)
     keys = pd.MultiIndex.from_arrays(
         [gpu, n_ranks.astype(np.int64), np.where(np.isnan(rpn), -1, rpn).astype(np.int64), fabric, bridged]
@@ -221,7 +226,7 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
     hw_cache: dict[Hashable, HardwareSpec] = {}
     for i, (g, nr, r, fab, bridge) in enumerate(uniques):
         where = codes == i
-        fab = None if pd.isna(fab) or not str(fab).strip() else str(fab)
+        fab = fab or None
         try:
             hw = hw_cache.get(g) or HardwareSpec.from_name(g)
             hw_cache[g] = hw

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from perfcast.features.collective_features import nvlink_bridged_flags
+from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.memory import MemoryBreakdown, peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
@@ -91,14 +91,13 @@ class AnalyticOpPredictor:
         """
         ranks = pd.to_numeric(ops.get("n_ranks"), errors="coerce") if "n_ranks" in ops else None
         rpn = pd.to_numeric(ops.get("ranks_per_node"), errors="coerce") if "ranks_per_node" in ops else None
-        fabric = ops["inter_node"].astype(object).where(ops["inter_node"].notna(), "") if "inter_node" in ops else ""
         out = np.full(len(ops), np.nan)
         keys = pd.DataFrame(
             {
                 "gpu": ops["gpu"].astype(str).to_numpy(),
                 "n": (ranks.fillna(1).clip(lower=1) if ranks is not None else pd.Series(1, index=ops.index)).to_numpy(),
                 "rpn": (rpn.fillna(0) if rpn is not None else pd.Series(0, index=ops.index)).to_numpy(),
-                "fabric": fabric if isinstance(fabric, str) else fabric.astype(str).str.strip().to_numpy(),
+                "fabric": inter_node_fabrics(ops),
                 "bridged": nvlink_bridged_flags(ops) & np.isin(op_kinds(ops), [o.value for o in COLLECTIVE_OPS]),
             }
         )

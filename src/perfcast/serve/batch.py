@@ -18,7 +18,7 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
-from perfcast.features.collective_features import nvlink_bridged_flags
+from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
 from perfcast.features.memory import peak_memory_table
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
@@ -212,11 +212,10 @@ def check_op_row(row: pd.Series) -> None:
         raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
     if op in COLLECTIVE_OPS:
         rpn = pd.to_numeric(row.get("ranks_per_node"), errors="coerce")
-        fabric = row.get("inter_node")
-        fabric = str(fabric).strip() if isinstance(fabric, str) and fabric.strip() else None
-        bridged = bool(nvlink_bridged_flags(pd.DataFrame([row]))[0])
-        ClusterSpec.build(str(gpu), int(row["n_ranks"]), int(rpn) if np.isfinite(rpn) and rpn > 0 else None,
-                          fabric, nvlink_bridged=bridged)  # fmt: skip
+        one = pd.DataFrame([row])
+        per_node = int(rpn) if np.isfinite(rpn) and rpn > 0 else None
+        fabric, bridged = inter_node_fabrics(one)[0] or None, bool(nvlink_bridged_flags(one)[0])
+        ClusterSpec.build(str(gpu), int(row["n_ranks"]), per_node, fabric, nvlink_bridged=bridged)
         return
     hw = HardwareSpec.from_name(str(gpu))
     # the catalog may lack the figure this op needs (bf16 on a V100, H100 NVL's empty peaks)
