@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from perfcast.features.hardware import (
     FabricSpec,
     HardwareSpec,
     check_alias_index,
+    descriptor_figures,
     list_fabrics,
     list_hardware,
     normalize_device_name,
@@ -446,3 +448,26 @@ def test_committed_catalog_matches_a_fresh_build(tmp_path):
         fresh = {p.name: p.read_text() for p in (tmp_path / kind).glob("*.json")}
         committed = {p.name: p.read_text() for p in (package_dir / kind).glob("*.json")}
         assert fresh == committed, f"{kind} catalog is stale: rerun scripts/build_catalog.py"
+
+
+def test_descriptor_figures_fill_what_the_catalog_lacks_from_the_nearest_same_vendor_entry():
+    b200 = HardwareSpec.from_name("b200-hgx")
+    assert b200.sm_count is None and b200.l2_cache_mib is None  # no vendor source gave them
+    figures = descriptor_figures(b200)
+    # nearest NVIDIA entries with the figure by tensor peak and bandwidth are the Hopper parts
+    hopper = HardwareSpec.from_name("h200-sxm-141gb")
+    assert figures["sm_count"] == hopper.sm_count and figures["l2_cache_mib"] == hopper.l2_cache_mib
+    assert figures["tdp_w"] == b200.tdp_w and figures["peak_fp32_tflops"] == b200.peak_fp32_tflops
+    assert HardwareSpec.from_name("b200-hgx").sm_count is None  # the catalog entry is unchanged
+    # an AMD part borrows from AMD, never from NVIDIA: the MI250X die takes the MI210's board power
+    assert descriptor_figures(HardwareSpec.from_name("mi250x-gcd"))["tdp_w"] == HardwareSpec.from_name("mi210").tdp_w
+
+
+def test_descriptor_figures_keep_known_figures_and_nan_where_no_peer_has_one():
+    h100 = HardwareSpec.from_name("h100-sxm5-80gb")
+    assert dict(descriptor_figures(h100)) == {
+        "sm_count": h100.sm_count, "l2_cache_mib": h100.l2_cache_mib, "tdp_w": h100.tdp_w,
+        "peak_fp32_tflops": h100.peak_fp32_tflops,
+    }  # fmt: skip
+    tpu = descriptor_figures(HardwareSpec.from_name("tpu-v5p"))
+    assert tpu["sm_count"] == 2 and math.isnan(tpu["l2_cache_mib"])  # no Google entry states an L2

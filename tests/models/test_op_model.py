@@ -21,7 +21,7 @@ from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import OutOfDomainWarning, SpecError
-from perfcast.features.op_features import featurize_ops
+from perfcast.features.op_features import FEATURE_SPEC_VERSION, featurize_ops
 from perfcast.models.op_model import (
     DEFAULT_LAUNCH_MS,
     POOLED,
@@ -108,7 +108,7 @@ def test_unfitted_raises_not_fitted(data):
 def test_fitted_state(fitted):
     assert set(fitted.boosters_) == {"gemm", "vector"}
     assert set(fitted.interval_kind_.values()) == {"gpu"}
-    assert fitted.feature_spec_version_ == 1
+    assert fitted.feature_spec_version_ == FEATURE_SPEC_VERSION
     assert fitted.train_gpus_ == tuple(sorted(GPU_EFF))
     for cls in ("gemm", "vector"):
         assert fitted.launch_ms_[(POOLED, cls)] > 0

@@ -34,8 +34,10 @@ Columns (``FEATURE_SPEC.columns[op_class]`` is each class's ordered list):
   ``multi_node``: descriptive only (their base time comes from
   :mod:`perfcast.features.collectives`; ``roofline_ms`` is NaN there).
 
-A row holds values exactly in its class's columns (NaN elsewhere), and NaN where the catalog
-lacks a figure (e.g. no ``sm_count``); XGBoost treats NaN as missing.
+A row holds values exactly in its class's columns (NaN elsewhere). Where the catalog lacks
+a descriptor (no SM count or L2 size for B200), the nearest same-vendor entry's figure
+stands in (:func:`perfcast.features.hardware.descriptor_figures`); NaN only where no
+entry of the vendor has one.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError, UnknownEntryError
-from perfcast.features.hardware import HardwareSpec
+from perfcast.features.hardware import HardwareSpec, descriptor_figures
 from perfcast.features.ops import BINARY_OPS, OpClass, flag_column, op_classes, op_flops, op_memory_bytes
 from perfcast.features.roofline import MS_PER_S, roofline_s
 
@@ -62,7 +64,7 @@ __all__ = [
     "featurize_ops",
 ]
 
-FEATURE_SPEC_VERSION = 1
+FEATURE_SPEC_VERSION = 2  # 2: missing descriptors imputed from a same-vendor peer, not NaN
 
 GEMM_TILES = (64, 128, 256)
 ATTENTION_TILES = (64, 128)
@@ -309,11 +311,12 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
             raise SpecError(f"{exc} ({_rows_hint(ops.index[rows])})") from None
         gpu_id[rows] = hw.id
         vendor[rows] = hw.vendor
-        hw_cols["sm"][rows] = np.nan if hw.sm_count is None else hw.sm_count
-        hw_cols["l2"][rows] = np.nan if hw.l2_cache_mib is None else hw.l2_cache_mib
+        figures = descriptor_figures(hw)
+        hw_cols["sm"][rows] = figures["sm_count"]
+        hw_cols["l2"][rows] = figures["l2_cache_mib"]
         hw_cols["bw"][rows] = hw.mem_bw_gbps
-        hw_cols["tdp"][rows] = np.nan if hw.tdp_w is None else hw.tdp_w
-        hw_cols["fp32"][rows] = np.nan if hw.peak_fp32_tflops is None else hw.peak_fp32_tflops
+        hw_cols["tdp"][rows] = figures["tdp_w"]
+        hw_cols["fp32"][rows] = figures["peak_fp32_tflops"]
         hw_cols["amd"][rows] = float(hw.vendor.upper() == "AMD")
         compute = rows[classes[rows] != OpClass.COLLECTIVE.value]
         if len(compute) == 0:

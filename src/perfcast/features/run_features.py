@@ -20,14 +20,14 @@ import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.hardware import ClusterSpec, descriptor_figures
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, Recompute
 from perfcast.features.run_config import RunConfig
 
 __all__ = ["RUN_FEATURE_SPEC", "RUN_FEATURE_SPEC_VERSION", "RunFeatureSpec", "featurize_runs"]
 
-RUN_FEATURE_SPEC_VERSION = 1
+RUN_FEATURE_SPEC_VERSION = 2  # 2: missing SM count / L2 imputed, not NaN
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -119,11 +119,12 @@ def _model_columns(m: ModelSpec) -> dict[str, float]:
 def _cluster_columns(cl: ClusterSpec, dtype: DType) -> dict[str, float]:
     """Features of one cluster running ``dtype``."""
     hw = cl.gpu
+    figures = descriptor_figures(hw)
     return {
         "peak_tflops": hw.peak_tflops(dtype),
         "mem_bw_gbps": hw.mem_bw_gbps,
-        "sm_count": np.nan if hw.sm_count is None else hw.sm_count,
-        "l2_cache_mib": np.nan if hw.l2_cache_mib is None else hw.l2_cache_mib,
+        "sm_count": figures["sm_count"],
+        "l2_cache_mib": figures["l2_cache_mib"],
         "intra_node_bw_gbps": cl.intra_node_bw_gbps,
         "inter_node_bw_gbps": cl.inter_node_bw_gbps,
         "gpus_per_node": cl.gpus_per_node,
@@ -184,8 +185,9 @@ def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.D
 
     Returns:
         Frame with the columns of :data:`RUN_FEATURE_SPEC`, in order, index of ``composed``.
-        ``sm_count`` and ``l2_cache_mib`` are NaN for parts the catalog lacks them for
-        (XGBoost treats NaN as missing).
+        ``sm_count`` and ``l2_cache_mib`` come from the nearest same-vendor catalog entry
+        where the catalog lacks them (:func:`~perfcast.features.hardware.descriptor_figures`),
+        NaN only where no entry of the vendor has one.
 
     Raises:
         SpecError: lengths differ, a breakdown column is missing, or a step is not > 0.
