@@ -237,8 +237,17 @@ def test_few_gpus_fall_back_to_row_folds(caplog):
 def test_a_class_seen_on_one_gpu_borrows_the_gemm_gpu_shifts(caplog):
     ops, t = make_ops(n_gemm=120, n_vector=0)
     rng = np.random.default_rng(3)
-    attn = pd.DataFrame({"op": "attention", "batch": rng.choice([1, 4, 16], 120), "heads": 16,
-                         "seq_q": rng.choice([512, 1024, 4096], 120), "head_dim": 128, "dtype": "fp16", "gpu": "t4"})
+    attn = pd.DataFrame(
+        {
+            "op": "attention",
+            "batch": rng.choice([1, 4, 16], 120),
+            "heads": 16,
+            "seq_q": rng.choice([512, 1024, 4096], 120),
+            "head_dim": 128,
+            "dtype": "fp16",
+            "gpu": "t4",
+        }
+    )
     attn["seq_kv"] = attn["seq_q"]  # fmt: skip
     feats = featurize_ops(attn)
     y_attn = TRUE_LAUNCH_MS + feats["roofline_ms"].to_numpy() / 0.5 * rng.lognormal(0, 0.02, len(attn))

@@ -127,9 +127,7 @@ class TableWriter:
                 ) from exc
         self._writer.write_table(table)
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self._writer is not None:
             self._writer.close()
         if kind is not None:

@@ -120,7 +120,6 @@ def log_bundle_dir(path: Path) -> None:
     mlflow.log_artifacts(str(path), artifact_path="bundle")
 
 
-
 def log_table(table: pd.DataFrame, artifact_file: str) -> None:
     """Log a table as a CSV artifact."""
     import mlflow

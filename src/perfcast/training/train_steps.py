@@ -64,6 +64,8 @@ REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Fields a run row needs to name its model without a preset."""
 MIN_GROUP_ROWS = 3
 """Smallest (model, cluster) group whose Spearman correlation counts."""
+
+
 def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -> pd.DataFrame:
     """Measured runs of ``sources`` as one run table with ``source`` and ``timing_scope``.
 
