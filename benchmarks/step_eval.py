@@ -16,8 +16,10 @@ iterations, NeuSight end-to-end latencies and MLPerf GPT-3 step times
   features: no cluster-scale feature; correction shrunk off the training hardware/model
   range) on the run features of that composition, trained on the split's training rows
   (sources weighted equally), interval calibrated on held-out GPU-count groups with the
-  same source weights and, for rows off the training hardware/model range, also on held-out
-  (source, GPU, MLPerf round) groups.
+  same source weights and, for rows off the training hardware/model range or with no stated
+  software release, also on held-out (source, GPU, MLPerf round) groups. Training rows carry
+  their MLPerf round as the software release; test rows are queried as a user would, with
+  none (the model then assumes the newest round it was fitted on).
 
 A section compares the out-of-domain rules of :class:`StepTimeRegressor` (correction of
 rows beyond the training range: scaled or none; interval: cluster, domain or wider) on
@@ -57,6 +59,7 @@ import pandas as pd
 
 from perfcast.data.sources import read_source
 from perfcast.features.hardware import resolve_gpu_name
+from perfcast.features.run_features import RELEASE_COLUMN
 from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.bundle import load_bundle
 from perfcast.models.collective_model import CollectiveTimeRegressor
@@ -193,8 +196,9 @@ def main() -> None:
         preds, bounds = {}, {}
         for name in gbdt_bases:
             model = fit_step_model(tables[name], train)
-            preds[name] = model.predict(tables[name].features)
-            interval = model.predict_interval(tables[name].features, coverage=args.coverage)
+            queries = _as_queries(tables[name].features)
+            preds[name] = model.predict(queries)
+            interval = model.predict_interval(queries, coverage=args.coverage)
             bounds[name] = (interval[:, 0], interval[:, 1])
             rows[f"gbdt({name})"] = _score(base.runs, test, preds[name], *bounds[name])
         result["ood_rules"][split] = _ood_rules(tables["composed"], train, test, args.coverage)
@@ -231,10 +235,15 @@ def main() -> None:
     print(to_markdown(result))
 
 
+def _as_queries(features: pd.DataFrame) -> pd.DataFrame:
+    """Run features as a user's query has them: no software release (the model assumes its newest)."""
+    return features.assign(**{RELEASE_COLUMN: np.nan})
+
+
 def _ood_rules(table, train: np.ndarray, test: np.ndarray, coverage: float) -> dict[str, dict]:
     """gbdt(composed) on ``test`` under each out-of-domain correction and interval rule (plus no domain hold-out)."""
     out = {}
-    X = table.features
+    X = _as_queries(table.features)
     for correction in OOD_CORRECTIONS:
         model = fit_step_model(table, train, ood_correction=correction)
         pred = model.predict(X)
@@ -305,7 +314,8 @@ def to_markdown(result: dict) -> str:
             "Correction of rows beyond the training range (extrapolation distance d > 0): `scaled` = f/(1+d), "
             "`none` = the composed step. Interval: `cluster` = residuals of held-out cluster sizes only; "
             "`domain` = the wider of those and the residuals of held-out (source, GPU, MLPerf round) groups for "
-            "rows with d > 0; `wider` = that for every row. Default: scaled / domain.",
+            "rows with d > 0 or no stated release (every test row here: queries state none); `wider` = that for "
+            "every row. Default: scaled / domain.",
             "",
             "| split | correction / interval | rows d>0 | MAPE | median APE | p90 APE | cov | width |",
             "|---|---|---:|---:|---:|---:|---:|---:|",

@@ -9,7 +9,7 @@ import pytest
 from perfcast.errors import SpecError
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import parse_run_row
-from perfcast.features.run_features import RUN_FEATURE_SPEC, featurize_runs
+from perfcast.features.run_features import RELEASE_COLUMN, RUN_FEATURE_SPEC, featurize_runs, software_release
 from perfcast.features.schedule import compose_step
 from perfcast.features.workload import build_workload_graph
 
@@ -37,13 +37,23 @@ def runs():
     return configs, _composed(configs)
 
 
-def test_columns_follow_the_spec_and_have_no_nan(runs):
+def test_columns_follow_the_spec_and_have_no_nan_but_the_unstated_release(runs):
     configs, composed = runs
     feats = featurize_runs(configs, composed)
     assert tuple(feats.columns) == RUN_FEATURE_SPEC.columns
     assert len(feats) == len(configs)
-    assert not feats.isna().any().any()
+    assert not feats.drop(columns=RELEASE_COLUMN).isna().any().any()
+    assert feats[RELEASE_COLUMN].isna().all()  # a query states no software release
     assert all(dtype == np.float64 for dtype in feats.dtypes)
+
+
+def test_measured_runs_carry_their_mlperf_round_as_the_release(runs):
+    configs, composed = runs
+    feats = featurize_runs(configs, composed, ["v3.1", "v4.0", None, "unknown"])
+    np.testing.assert_array_equal(feats[RELEASE_COLUMN].to_numpy(), [3.1, 4.0, np.nan, np.nan])
+    assert software_release("V5.0") == 5.0 and np.isnan(software_release(float("nan")))
+    with pytest.raises(SpecError, match="4 configs but 1 releases"):
+        featurize_runs(configs, composed, ["v4.1"])
 
 
 def test_values_describe_the_config(runs):

@@ -8,7 +8,7 @@ import pytest
 from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import BundleError, SpecError
-from perfcast.features.run_features import RUN_FEATURE_SPEC
+from perfcast.features.run_features import RELEASE_COLUMN, RUN_FEATURE_SPEC
 from perfcast.models.step_model import DEFAULT_FEATURES, SCALE_FEATURES, StepTimeRegressor
 from perfcast.training.metrics import mape
 
@@ -192,3 +192,33 @@ def test_bad_out_of_domain_settings_are_refused():
         StepTimeRegressor(ood_interval="all", **SMALL).fit(X, y)
     with pytest.raises(SpecError, match="domain_groups"):
         StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=np.zeros(3))
+
+
+def test_a_query_without_a_release_gets_the_newest_release_seen(tmp_path):
+    """Older software ran slower (ratio 1.3 on release 3.0, 1.0 on 4.1): an unstated release is the newest."""
+    rng = np.random.default_rng(5)
+    X, _, groups = _data(n=400, seed=5)
+    X[RELEASE_COLUMN] = rng.choice([3.0, 3.1, 4.1], size=len(X))
+    slow = np.where(X[RELEASE_COLUMN] < 4.0, np.log(1.3), 0.0)
+    y = np.exp(X["log_composed_step_ms"] + slow + rng.normal(0.0, 0.02, size=len(X))).to_numpy()
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups)
+    assert model.latest_release_ == 4.1
+    query = X.assign(**{RELEASE_COLUMN: np.nan})
+    ratio = model.predict(query) / np.exp(query["log_composed_step_ms"])
+    assert np.median(ratio) == pytest.approx(1.0, abs=0.05)  # not the 1.2 an average over releases gives
+    stated = model.predict(X.assign(**{RELEASE_COLUMN: 3.0})) / np.exp(X["log_composed_step_ms"])
+    assert np.median(stated) == pytest.approx(1.3, abs=0.05)
+    meta = model._save_to(tmp_path)
+    np.testing.assert_allclose(StepTimeRegressor._load_from(tmp_path, meta).predict(query), model.predict(query))
+
+
+def test_a_query_without_a_release_takes_the_held_out_release_residuals_in_its_interval():
+    rng = np.random.default_rng(6)
+    X, _, groups = _data(n=400, seed=6)
+    X[RELEASE_COLUMN] = rng.choice([3.0, 3.1, 4.1], size=len(X))
+    slow = np.where(X[RELEASE_COLUMN] < 4.0, np.log(1.3), 0.0)
+    y = np.exp(X["log_composed_step_ms"] + slow + rng.normal(0.0, 0.02, size=len(X))).to_numpy()
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=X[RELEASE_COLUMN].to_numpy())
+    stated, unstated = X.iloc[:10], X.iloc[:10].assign(**{RELEASE_COLUMN: np.nan})
+    width = {k: np.diff(np.log(model.predict_interval(v)), axis=1).mean() for k, v in (("s", stated), ("u", unstated))}
+    assert width["u"] > 2 * width["s"]  # a held-out release is off by up to log(1.3); a known one by noise

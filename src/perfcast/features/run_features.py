@@ -7,11 +7,14 @@ numbers per run. The columns and their order are fixed by :data:`RUN_FEATURE_SPE
 models select columns by name. Sizes enter as log2, times as natural log of ms, and the
 breakdown as fractions of the composed step, so a learned correction transfers across
 model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/tp,
-FFN/tp) tell launch-bound small GEMMs from compute-bound ones.
+FFN/tp) tell launch-bound small GEMMs from compute-bound ones. A measured run may carry
+the MLPerf round of its software (:data:`RELEASE_COLUMN`): the same H100 GPT-3 step ran
+1.28x the composed time on v3.0 software and 1.02x on v4.1.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,9 +28,16 @@ from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, Recompute
 from perfcast.features.run_config import RunConfig
 
-__all__ = ["RUN_FEATURE_SPEC", "RUN_FEATURE_SPEC_VERSION", "RunFeatureSpec", "featurize_runs"]
+__all__ = [
+    "RELEASE_COLUMN",
+    "RUN_FEATURE_SPEC",
+    "RUN_FEATURE_SPEC_VERSION",
+    "RunFeatureSpec",
+    "featurize_runs",
+    "software_release",
+]
 
-RUN_FEATURE_SPEC_VERSION = 2  # 2: missing SM count / L2 imputed, not NaN
+RUN_FEATURE_SPEC_VERSION = 3  # 2: missing SM count / L2 imputed, not NaN; 3: software_release
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -93,7 +103,11 @@ class RunFeatureSpec:
     columns: tuple[str, ...]
 
 
-RUN_FEATURE_SPEC = RunFeatureSpec(RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED))
+RELEASE_COLUMN = "software_release"
+"""The MLPerf round whose software a run used, as ``major.minor`` (v4.1 -> 4.1); NaN when unknown."""
+RUN_FEATURE_SPEC = RunFeatureSpec(
+    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
+)
 COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
 
@@ -174,7 +188,9 @@ def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
     return feats
 
 
-def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.DataFrame:
+def featurize_runs(
+    configs: Sequence[RunConfig], composed: pd.DataFrame, releases: Sequence[str | None] | None = None
+) -> pd.DataFrame:
     """Run features of ``configs`` given their composed steps.
 
     Args:
@@ -182,6 +198,9 @@ def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.D
         composed: one row per config, aligned by position: ``step_ms`` (composed step, ms,
             > 0) and the breakdown columns ``compute_ms, bubble_ms, dp_sync_ms,
             optimizer_ms`` and optionally ``comm_<group>_ms`` (absent groups count 0).
+        releases: optional MLPerf round per config (``"v4.1"``), the software stack of a
+            measured run (:func:`software_release`); ``None`` or a missing entry leaves
+            :data:`RELEASE_COLUMN` NaN, as for every query.
 
     Returns:
         Frame with the columns of :data:`RUN_FEATURE_SPEC`, in order, index of ``composed``.
@@ -194,6 +213,8 @@ def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.D
     """
     if len(configs) != len(composed):
         raise SpecError(f"got {len(configs)} configs but {len(composed)} composed rows")
+    if releases is not None and len(releases) != len(configs):
+        raise SpecError(f"got {len(configs)} configs but {len(releases)} releases")
     missing = [c for c in ("step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms") if c not in composed]
     if missing:
         raise SpecError(f"composed frame lacks columns {missing}")
@@ -210,4 +231,14 @@ def featurize_runs(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.D
         feats[f"frac_comm_{g}"] = part / step
     for name in ("bubble", "dp_sync", "optimizer"):
         feats[f"frac_{name}"] = composed[f"{name}_ms"].to_numpy(dtype=float) / step
+    feats[RELEASE_COLUMN] = np.nan if releases is None else [software_release(r) for r in releases]
     return feats.reindex(columns=list(RUN_FEATURE_SPEC.columns)).astype(float)
+
+
+def software_release(version: object) -> float:
+    """``major.minor`` of an MLPerf round label (``"v4.1"`` -> 4.1, ordered in time); NaN for anything else."""
+    match = _RELEASE.fullmatch(str(version).strip()) if isinstance(version, str) else None
+    return float(f"{match[1]}.{match[2]}") if match else float("nan")
+
+
+_RELEASE = re.compile(r"v?(\d+)\.(\d)", re.IGNORECASE)

@@ -157,6 +157,8 @@ def run_groups(configs: Sequence[RunConfig]) -> list[str]:
 def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     """Parse, compose and featurise measured runs (see :class:`StepTable`).
 
+    An MLPerf row's round (``mlperf_version``) becomes its software release feature.
+
     A row's ``overlap_grad_reduce`` (MLPerf's NeMo runs) hides its data-parallel sync
     behind the last backward, whatever ``composer`` is set to.
     """
@@ -167,7 +169,9 @@ def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     composed = composed_frame(steps)
     kept = pd.concat([kept, composed], axis=1)
     kept["group"] = run_groups(configs)
-    return StepTable(runs=kept, features=featurize_runs(configs, composed), configs=configs, steps=steps, errors=errors)
+    releases = kept["mlperf_version"].tolist() if "mlperf_version" in kept else None
+    features = featurize_runs(configs, composed, releases)
+    return StepTable(runs=kept, features=features, configs=configs, steps=steps, errors=errors)
 
 
 # ----------------------------------------------------------------------------- splits
