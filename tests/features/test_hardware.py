@@ -451,14 +451,15 @@ def test_committed_catalog_matches_a_fresh_build(tmp_path):
 
 
 def test_descriptor_figures_fill_what_the_catalog_lacks_from_the_nearest_same_vendor_entry():
+    gb200 = HardwareSpec.from_name("gb200-per-gpu")
+    assert gb200.sm_count is None and gb200.l2_cache_mib is None  # no vendor source gave them
+    figures = descriptor_figures(gb200)
+    # the nearest NVIDIA entry with the figures by tensor peak and bandwidth is the B200 (sourced)
     b200 = HardwareSpec.from_name("b200-hgx")
-    assert b200.sm_count is None and b200.l2_cache_mib is None  # no vendor source gave them
-    figures = descriptor_figures(b200)
-    # nearest NVIDIA entries with the figure by tensor peak and bandwidth are the Hopper parts
-    hopper = HardwareSpec.from_name("h200-sxm-141gb")
-    assert figures["sm_count"] == hopper.sm_count and figures["l2_cache_mib"] == hopper.l2_cache_mib
-    assert figures["tdp_w"] == b200.tdp_w and figures["peak_fp32_tflops"] == b200.peak_fp32_tflops
-    assert HardwareSpec.from_name("b200-hgx").sm_count is None  # the catalog entry is unchanged
+    assert b200.sm_count == 148 and b200.l2_cache_mib == 126.5
+    assert figures["sm_count"] == b200.sm_count and figures["l2_cache_mib"] == b200.l2_cache_mib
+    assert figures["tdp_w"] == gb200.tdp_w and figures["peak_fp32_tflops"] == gb200.peak_fp32_tflops
+    assert HardwareSpec.from_name("gb200-per-gpu").sm_count is None  # the catalog entry is unchanged
     # an AMD part borrows from AMD, never from NVIDIA: the MI250X die takes the MI210's board power
     assert descriptor_figures(HardwareSpec.from_name("mi250x-gcd"))["tdp_w"] == HardwareSpec.from_name("mi210").tdp_w
 
