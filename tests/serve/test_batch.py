@@ -129,7 +129,7 @@ def test_op_table_reports_bad_rows_and_answers_good_ones():
     assert [i for i, e in enumerate(errors) if e == ""] == [0, 2, 4, 7]
     assert "rtx-9090" in errors[1]
     assert "op='conv2d' is not a known op" in errors[3]
-    assert errors[5].startswith("m=0.0 must be a positive number for op=matmul")
+    assert errors[5].startswith("m=0.0 is out of range; allowed: 1..")
     assert "h100-nvl-94gb has no bf16 peak" in errors[6]
     good = out[out[ERROR_COLUMN] == ""]
     assert (good["pred_ms"] > 0).all()

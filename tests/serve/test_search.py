@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.layouts import LayoutSpace
 from perfcast.features.parallel import Recompute
@@ -41,7 +44,7 @@ def test_price_ranks_gpu_types_by_cost() -> None:
 
 def test_nothing_fits_and_bad_input_are_named() -> None:
     with pytest.raises(SpecError, match="fits in memory"):
-        search_layouts("gpt3-175b", ["t4"], 1, 1, predictor=StepPredictor.analytic())
+        search_layouts("gpt3-175b", ["t4"], 1, 1, predictor=StepPredictor.analytic(), dtype=DType.FP16)
     with pytest.raises(SpecError, match="nope"):
         search_layouts("gpt3-350m", ["nope"], 8, 32, predictor=StepPredictor.analytic())
     with pytest.raises(SpecError, match="price_per_gpu_hour"):
@@ -58,3 +61,16 @@ def test_cli_prints_the_best_and_writes_all(tmp_path) -> None:
     assert written["rank"].iloc[0] == 1 and "layouts" in result.output
     bad = CliRunner().invoke(app, ["search", "gpt3-125m", "--gpu", "nope", "--num-gpus", "4", "--global-batch", "16"])
     assert bad.exit_code == 2 and "nope" in bad.output
+
+
+def test_search_is_bounded_and_says_why_nothing_is_ranked() -> None:
+    analytic = StepPredictor.analytic()
+    with pytest.raises(SpecError, match="bf16 is not supported on v100-sxm2-32gb"):
+        search_layouts("gpt3-350m", ["v100-sxm2-32gb"], 8, 32, predictor=analytic)
+    with pytest.raises(SpecError, match="positive finite"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, price_per_gpu_hour=math.inf)
+    with pytest.raises(SpecError, match="max_layouts=5"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, max_layouts=5)
+    once = search_layouts("gpt3-125m", ["a100-sxm4-80gb"], 4, 16, predictor=analytic)
+    twice = search_layouts("gpt3-125m", ["a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB"], 4, 16, predictor=analytic)
+    assert twice.n_layouts == once.n_layouts and len(twice.ranked) == len(once.ranked)

@@ -142,3 +142,107 @@ RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""
 RECOMPUTE_NAMES = ("none", "selective", "full")
 FINETUNE_NAMES = ("full", "lora")
+
+
+FIELD_MAX: dict[str, int] = {
+    # run table: model shape (elements, tokens)
+    "num_layers": 10_000,
+    "hidden_size": 2**20,
+    "num_heads": 2**16,
+    "num_kv_heads": 2**16,
+    "head_dim": 2**16,
+    "ffn_hidden_size": 2**22,
+    "moe_ffn_hidden_size": 2**22,
+    "moe_layer_freq": 10_000,
+    "vocab_size": 2**24,
+    "seq_len": 2**24,
+    "max_position_embeddings": 2**24,
+    "num_experts": 2**16,
+    "top_k": 2**10,
+    # run table: layout (degrees, sequences) and cluster (GPUs)
+    "tp": 2**20,
+    "pp": 2**20,
+    "dp": 2**22,
+    "cp": 2**20,
+    "ep": 2**20,
+    "micro_batch": 2**20,
+    "global_batch": 2**26,
+    "vpp": 2**10,
+    "zero_stage": 3,
+    "lora_rank": 2**16,
+    "num_gpus": 2**22,
+    "gpus_per_node": 2**10,
+    # op table: shapes (elements), collective payload (bytes) and ranks
+    "batch": 2**24,
+    "m": 2**26,
+    "n": 2**26,
+    "k": 2**26,
+    "rows": 2**34,
+    "cols": 2**30,
+    "heads": 2**16,
+    "kv_heads": 2**16,
+    "seq_q": 2**24,
+    "seq_kv": 2**24,
+    "bytes": 2**50,
+    "n_ranks": 2**22,
+    "ranks_per_node": 2**10,
+}
+"""Largest value each whole-number field of the run and op tables accepts.
+
+Far beyond any real model or cluster (a 16M-token sequence, 4M GPUs, a 1 PiB
+collective), yet small enough that products of fields stay finite in float64: a value
+above its limit is one row's error, never an overflow.
+"""
+
+
+FIELD_MIN_ZERO = frozenset({"zero_stage", "lora_rank"})
+"""Whole-number fields where 0 is allowed; every other one starts at 1."""
+
+
+def check_whole_number(name: str, value: object) -> int:
+    """``value`` as an int if it is a whole number within field ``name``'s range
+    (from 1, or 0 for :data:`FIELD_MIN_ZERO`, to :data:`FIELD_MAX`).
+
+    Raises:
+        SpecError: naming the field, the value and the allowed range (NaN, inf, text and
+            fractions included).
+    """
+    minimum, maximum = (0 if name in FIELD_MIN_ZERO else 1), FIELD_MAX[name]
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except OverflowError:  # an int beyond float range
+        number = float("inf") if int(value) > 0 else float("-inf")  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        number = float("nan")
+    shown = short_repr(value)
+    if number in (float("inf"), float("-inf")) and isinstance(value, int):
+        raise SpecError(f"{name}={shown} is out of range; allowed: {minimum}..{maximum}")
+    if not number.is_integer():
+        raise SpecError(f"{name}={shown} is not a whole number; allowed: {minimum}..{maximum}")
+    if not minimum <= number <= maximum:
+        raise SpecError(f"{name}={shown} is out of range; allowed: {minimum}..{maximum}")
+    return int(number)
+
+
+def short_repr(value: object, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for error messages that quote input."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+TRUE_WORDS = frozenset({"1", "1.0", "true", "yes", "y", "t"})
+FALSE_WORDS = frozenset({"0", "0.0", "false", "no", "n", "f"})
+
+
+def parse_flag(name: str, value: object) -> bool:
+    """A boolean cell of field ``name``: a bool, 0/1, or true/false, yes/no, t/f, y/n (any case).
+
+    Raises:
+        SpecError: naming the field and the value, for anything else.
+    """
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in TRUE_WORDS | FALSE_WORDS:
+        return text in TRUE_WORDS
+    raise SpecError(f"{name}={short_repr(value)} is not a boolean; use true/false")

@@ -36,6 +36,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from perfcast.data.schema import FIELD_MAX
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features._spec_io import read_json, to_spec_error
 
@@ -102,20 +103,31 @@ class ModelSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     name: str = "custom"
-    num_layers: int = Field(gt=0, description="Transformer layers (blocks).")
-    hidden_size: int = Field(gt=0, description="Model width h, elements.")
-    num_heads: int = Field(gt=0, description="Query attention heads.")
+    num_layers: int = Field(gt=0, le=FIELD_MAX["num_layers"], description="Transformer layers (blocks).")
+    hidden_size: int = Field(gt=0, le=FIELD_MAX["hidden_size"], description="Model width h, elements.")
+    num_heads: int = Field(gt=0, le=FIELD_MAX["num_heads"], description="Query attention heads.")
     num_kv_heads: int | None = Field(
-        default=None, gt=0, description="Key/value heads; None = num_heads (MHA), 1 = MQA."
+        default=None,
+        gt=0,
+        le=FIELD_MAX["num_kv_heads"],
+        description="Key/value heads; None = num_heads (MHA), 1 = MQA.",
     )
-    head_dim: int | None = Field(default=None, gt=0, description="Size of one head; None = hidden_size // num_heads.")
+    head_dim: int | None = Field(
+        default=None, gt=0, le=FIELD_MAX["head_dim"], description="Size of one head; None = hidden_size // num_heads."
+    )
     ffn_hidden_size: int | None = Field(
-        default=None, gt=0, description="Dense MLP inner size; None = 4h (see ffn_size)."
+        default=None,
+        gt=0,
+        le=FIELD_MAX["ffn_hidden_size"],
+        description="Dense MLP inner size; None = 4h (see ffn_size).",
     )
-    vocab_size: int = Field(gt=0, description="Vocabulary size, tokens.")
-    seq_len: int = Field(default=2048, gt=0, description="Training sequence length, tokens.")
+    vocab_size: int = Field(gt=0, le=FIELD_MAX["vocab_size"], description="Vocabulary size, tokens.")
+    seq_len: int = Field(default=2048, gt=0, le=FIELD_MAX["seq_len"], description="Training sequence length, tokens.")
     max_position_embeddings: int | None = Field(
-        default=None, gt=0, description="Longest supported sequence, tokens; None = seq_len."
+        default=None,
+        gt=0,
+        le=FIELD_MAX["max_position_embeddings"],
+        description="Longest supported sequence, tokens; None = seq_len.",
     )
     gated_mlp: bool = Field(default=False, description="Gated MLP (SwiGLU/GeGLU): 3 matrices.")
     activation: Activation = Activation.GELU
@@ -123,10 +135,16 @@ class ModelSpec(BaseModel):
     position_embedding: PositionEmbedding = PositionEmbedding.LEARNED
     tied_embeddings: bool = Field(default=False, description="LM head shares the input embedding.")
     bias: bool = Field(default=True, description="Biases on attention and MLP linears.")
-    num_experts: int = Field(default=1, ge=1, description="Experts per MoE layer; 1 = dense.")
-    top_k: int = Field(default=1, ge=1, description="Experts each token is routed to.")
-    moe_ffn_hidden_size: int | None = Field(default=None, gt=0, description="Expert MLP inner size; None = ffn_size.")
-    moe_layer_freq: int = Field(default=1, ge=1, description="Every k-th layer is an MoE layer.")
+    num_experts: int = Field(
+        default=1, ge=1, le=FIELD_MAX["num_experts"], description="Experts per MoE layer; 1 = dense."
+    )
+    top_k: int = Field(default=1, ge=1, le=FIELD_MAX["top_k"], description="Experts each token is routed to.")
+    moe_ffn_hidden_size: int | None = Field(
+        default=None, gt=0, le=FIELD_MAX["moe_ffn_hidden_size"], description="Expert MLP inner size; None = ffn_size."
+    )
+    moe_layer_freq: int = Field(
+        default=1, ge=1, le=FIELD_MAX["moe_layer_freq"], description="Every k-th layer is an MoE layer."
+    )
 
     # ------------------------------------------------------------------ validation
 
@@ -418,7 +436,7 @@ class ModelSpec(BaseModel):
         """
         path = Path(path)
         data = read_json(path)
-        if _looks_like_hf_config(data):
+        if looks_like_hf_config(data):
             raise SpecError(
                 f"{path}: looks like a Hugging Face config.json (has model_type/architectures); "
                 "use ModelSpec.from_hf_config or ModelSpec.load"
@@ -511,7 +529,7 @@ class ModelSpec(BaseModel):
             return cls.from_hf_config(path)
         if path.is_file():
             data = read_json(path)
-            if _looks_like_hf_config(data):
+            if looks_like_hf_config(data):
                 return cls.from_hf_config(path)
             return cls.from_dict(data, where=str(path))
         text = str(ref)
@@ -570,7 +588,7 @@ def _load_preset(model_id: str) -> ModelSpec:
 # ---------------------------------------------------------------------- helpers
 
 
-def _looks_like_hf_config(data: Any) -> bool:
+def looks_like_hf_config(data: Any) -> bool:
     """A JSON object with HF keys (``model_type``/``architectures``) and no perfcast fields."""
     if not isinstance(data, Mapping) or "num_layers" in data:
         return False

@@ -15,7 +15,7 @@ from enum import Enum
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from perfcast.data.schema import DType
+from perfcast.data.schema import FIELD_MAX, DType
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
@@ -54,19 +54,19 @@ class ParallelConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    dp: int = Field(1, ge=1)
-    cp: int = Field(1, ge=1)
-    ep: int = Field(1, ge=1)
-    micro_batch: int = Field(1, ge=1)
-    global_batch: int = Field(..., ge=1)
-    vpp: int = Field(1, ge=1)
+    tp: int = Field(1, ge=1, le=FIELD_MAX["tp"])
+    pp: int = Field(1, ge=1, le=FIELD_MAX["pp"])
+    dp: int = Field(1, ge=1, le=FIELD_MAX["dp"])
+    cp: int = Field(1, ge=1, le=FIELD_MAX["cp"])
+    ep: int = Field(1, ge=1, le=FIELD_MAX["ep"])
+    micro_batch: int = Field(1, ge=1, le=FIELD_MAX["micro_batch"])
+    global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"])
+    vpp: int = Field(1, ge=1, le=FIELD_MAX["vpp"])
     sequence_parallel: bool = False
     zero_stage: int = Field(0, ge=0, le=3)
     recompute: Recompute = Recompute.NONE
     finetune: Finetune = Finetune.FULL
-    lora_rank: int = Field(0, ge=0)
+    lora_rank: int = Field(0, ge=0, le=FIELD_MAX["lora_rank"])
     dtype: DType = DType.BF16
     flash_attention: bool = True
     overlap_grad_reduce: bool = False

@@ -17,11 +17,19 @@ from typing import Any
 import pandas as pd
 from pydantic import ValidationError
 
-from perfcast.data.schema import RUN_BOOL_COLUMNS, RUN_INT_COLUMNS
+from perfcast.data.schema import (
+    FIELD_MAX,
+    FIELD_MIN_ZERO,
+    RUN_BOOL_COLUMNS,
+    RUN_INT_COLUMNS,
+    check_whole_number,
+    parse_flag,
+)
 from perfcast.data.tables import RUN_COLUMNS
 from perfcast.errors import PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
+from perfcast.features.model_source import ModelSource, model_key
 from perfcast.features.parallel import ParallelConfig, check_layout
 
 MODEL_FIELDS = (
@@ -51,8 +59,6 @@ PARALLEL_FIELDS = (
 )
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
-_TRUE = {"1", "1.0", "true", "yes", "y", "t"}
-_FALSE = {"0", "0.0", "false", "no", "n", "f"}
 
 
 @dataclass(frozen=True)
@@ -80,20 +86,9 @@ def _present(value: Any) -> bool:
 def _coerce(name: str, value: Any) -> Any:
     """Turn a table cell into the type of field ``name``; SpecError names bad values."""
     if name in _INT_FIELDS:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise SpecError(f"{name}={value!r} is not a whole number") from None
-        if not number.is_integer():
-            raise SpecError(f"{name}={value!r} is not a whole number")
-        return int(number)
+        return check_whole_number(name, value)
     if name in _BOOL_FIELDS:
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE | _FALSE:
-            return text in _TRUE
-        raise SpecError(f"{name}={value!r} is not a boolean; use true/false")
+        return parse_flag(name, value)
     return str(value).strip() if isinstance(value, str) else value
 
 
@@ -110,24 +105,29 @@ def _validate(cls: type[Any], fields: dict[str, Any], where: str) -> Any:
         raise SpecError(f"{loc}={value!r}: {first['msg']}") from None
 
 
-def parse_run_row(row: Mapping[str, Any]) -> RunConfig:
+def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = None) -> RunConfig:
     """Build and check the specs of one run-table row.
+
+    Args:
+        row: the row's cells by column name.
+        model_source: how a ``model`` cell is resolved (default: presets, inline configs
+            and any file path, for a local user).
 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
     cells = {n: _cell(n, row[n]) for n in _CELL_FIELDS if n in row and _present(row[n])}
-    return _RowParser().parse(cells)
+    return _RowParser(model_source).parse(cells)
 
 
-def parse_run_table(runs: pd.DataFrame) -> list[RunConfig | PerfcastError]:
+def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = None) -> list[RunConfig | PerfcastError]:
     """:func:`parse_run_row` of every row of ``runs``: its config, or the error it raises (the same one).
 
     Cells are converted a column at a time, and rows naming the same model, cluster or
     layout share one checked spec object, built once.
     """
     columns = {n: _column_cells(n, runs[n]) for n in _CELL_FIELDS if n in runs.columns}
-    parser = _RowParser()
+    parser = _RowParser(model_source)
     out: list[RunConfig | PerfcastError] = []
     names = list(columns)
     rows = zip(*columns.values(), strict=True) if names else [()] * len(runs)
@@ -149,6 +149,8 @@ _TEXT_FIELDS = frozenset(("model", "gpu", "inter_node"))
 
 def _cell(name: str, value: Any) -> Any:
     """A present cell as field ``name`` takes it, or the SpecError that names the bad value."""
+    if name == "model" and isinstance(value, Mapping):  # an inline config
+        return value
     if name in _TEXT_FIELDS:
         return str(value).strip()
     try:
@@ -161,7 +163,10 @@ def _column_cells(name: str, column: pd.Series) -> list[Any]:
     """:func:`_cell` of every cell of ``column`` (:data:`_ABSENT` where empty); whole-number
     and boolean columns convert at once."""
     kind = column.dtype.kind
-    exact_ints = kind in "iu" and name in _INT_FIELDS and bool((column.abs() < 2**53).all())  # as float() keeps them
+    if kind in "iu" and name in _INT_FIELDS:  # whole numbers already: convert at once when all are in range
+        exact_ints = bool(column.between(0 if name in FIELD_MIN_ZERO else 1, FIELD_MAX[name]).all())
+    else:
+        exact_ints = False
     if exact_ints or (kind == "b" and name in _BOOL_FIELDS):
         return column.tolist()
     return [_cell(name, v) if _present(v) else _ABSENT for v in column.tolist()]
@@ -174,8 +179,9 @@ class _RowParser:
     raises the same message again.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, model_source: ModelSource | None = None) -> None:
         self._specs: dict[tuple[Any, ...], Any] = {}
+        self._models = model_source or ModelSource()
 
     def _memo(self, key: tuple[Any, ...], build: Callable[..., Any], *args: Any) -> Any:
         """The spec of ``key``, ``build(*args)`` the first time; raises its error again."""
@@ -194,8 +200,9 @@ class _RowParser:
         """The config of one row's present cells; raises the first bad cell's or rule's SpecError."""
         model_fields = _fields(cells, MODEL_FIELDS)
         if "model" in cells:
-            name = cells["model"]
-            model = self._memo(("model", name, *model_fields.items()), _preset_model, name, model_fields)
+            ref = cells["model"]
+            key = ("model", model_key(ref), *model_fields.items())
+            model = self._memo(key, _referenced_model, self._models, ref, model_fields)
         else:
             missing = [f for f in ("num_layers", "hidden_size", "num_heads", "vocab_size") if f not in model_fields]
             if missing:
@@ -229,6 +236,7 @@ def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _preset_model(name: str, overrides: dict[str, Any]) -> ModelSpec:
-    base = ModelSpec.load(name)
+def _referenced_model(source: ModelSource, ref: str | Mapping[str, Any], overrides: dict[str, Any]) -> ModelSpec:
+    """The spec ``ref`` names (through ``source``) with the row's own model fields over it."""
+    base = source.resolve(ref)
     return _validate(ModelSpec, {**base.model_dump(), **overrides}, "model")

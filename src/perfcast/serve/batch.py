@@ -15,15 +15,17 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import DType
+from perfcast.data.schema import OP_BOOL_COLUMNS, OP_INT_COLUMNS, DType, check_whole_number, parse_flag
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
 from perfcast.features.memory import peak_memory_table
+from perfcast.features.model_source import ModelSource
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.parallel import Finetune
 from perfcast.features.run_config import RunConfig, parse_run_table
+from perfcast.features.run_features import COMM_GROUPS
 from perfcast.models import analytic
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
@@ -45,6 +47,20 @@ class OpPredictor(Protocol):
 """Called with the number of rows just finished."""
 
 
+def _refuse_implausible(out: pd.DataFrame, positions: list[int], times_ms: np.ndarray, columns: Iterable[str]) -> None:
+    """Turn rows of ``out`` (at ``positions``) whose predicted time is not a positive finite
+    number of ms into errors, clearing their ``columns``: a prediction is never 0, negative or inf."""
+    bad = ~(np.isfinite(times_ms) & (times_ms > 0))
+    if not bad.any():
+        return
+    rows = np.asarray(positions)[bad]
+    for col in columns:
+        out.iloc[rows, out.columns.get_loc(col)] = np.nan
+    out.iloc[rows, out.columns.get_loc(ERROR_COLUMN)] = (
+        "the prediction is not a positive finite time: the shape lies outside what the predictor can represent"
+    )
+
+
 def _error_frame(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
     out = df.copy()
     for col in columns:
@@ -63,6 +79,46 @@ class StepPredictorLike(Protocol):
 
 MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
 """Per-GPU memory parts ``breakdown`` adds, GiB (they sum to ``peak_mem_gib``)."""
+BREAKDOWN_COLUMNS = (
+    "composed_step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms",
+    *(f"comm_{g}_ms" for g in COMM_GROUPS),
+    *MEMORY_PART_COLUMNS,
+)  # fmt: skip
+"""Columns ``breakdown`` adds to a run table, in order."""
+CALIBRATION_OUTPUT = "calibration"
+STEP_OUTPUT_NAMES = frozenset(
+    {
+        *RUN_OUTPUT_COLUMNS,
+        *BREAKDOWN_COLUMNS,
+        ERROR_COLUMN,
+        OUT_OF_DOMAIN_COLUMN,
+        CALIBRATION_OUTPUT,
+        "defaulted_fields",
+    }
+)
+"""Every column step prediction writes; an input column of one of these names is dropped."""
+OP_OUTPUT_NAMES = frozenset({*OP_OUTPUT_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, CALIBRATION_OUTPUT})
+"""Every column op prediction writes; an input column of one of these names is dropped."""
+
+
+class OutputColumnWarning(UserWarning):
+    """An input table carried columns that prediction writes; they were dropped."""
+
+
+def drop_output_columns(table: pd.DataFrame, names: frozenset[str]) -> pd.DataFrame:
+    """``table`` without the columns in ``names`` (prediction outputs), warning once per set dropped,
+    so a prediction's own output can be fed back in."""
+    given = [c for c in table.columns if c in names]
+    if not given:
+        return table
+    warnings.warn(
+        f"input columns {', '.join(map(str, given))} are prediction outputs: ignored and predicted anew",
+        OutputColumnWarning,
+        stacklevel=3,
+    )
+    return table.drop(columns=given)
+
+
 STEP_CHUNK_ROWS = 50_000
 """Configs composed together: distinct graph bodies and ops are built and predicted once per chunk."""
 
@@ -74,6 +130,7 @@ def predict_steps_table(
     coverage: float = DEFAULT_COVERAGE,
     breakdown: bool = False,
     progress: ProgressFn | None = None,
+    model_source: ModelSource | None = None,
 ) -> pd.DataFrame:
     """Predict every row of a run table.
 
@@ -86,15 +143,19 @@ def predict_steps_table(
             ``comm_<group>_ms``, ``bubble_ms``, ``dp_sync_ms``, ``optimizer_ms``) and the
             memory parts.
         progress: called with the number of rows finished.
+        model_source: how ``model`` cells resolve (default: presets, inline configs and any
+            file, for a local user; a service passes a restricted one).
 
     Returns:
-        The input rows, in order, with ``RUN_OUTPUT_COLUMNS`` and ``error`` added.
+        The input rows, in order, with ``RUN_OUTPUT_COLUMNS`` and ``error`` added (input
+        columns named like outputs are dropped first, with an :class:`OutputColumnWarning`).
     """
     if not 0.0 < coverage < 1.0:
         raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
     from perfcast.models.step_predictor import StepPredictor
 
     predictor = predictor or StepPredictor.analytic()
+    runs = drop_output_columns(runs, STEP_OUTPUT_NAMES)
     out = _error_frame(runs, RUN_OUTPUT_COLUMNS)
     out["fits_memory"] = out["fits_memory"].astype(object)
     if getattr(predictor, "flags_out_of_domain", False):  # the same columns for every batch of a predictor
@@ -102,7 +163,7 @@ def predict_steps_table(
     positions: list[int] = []
     configs: list[RunConfig] = []
     errors = out[ERROR_COLUMN].to_numpy(dtype=object)
-    for pos, parsed in enumerate(parse_run_table(runs)):
+    for pos, parsed in enumerate(parse_run_table(runs, model_source=model_source)):
         if isinstance(parsed, RunConfig):
             configs.append(parsed)
             positions.append(pos)
@@ -120,6 +181,7 @@ def predict_steps_table(
             frame.index = pos
             for col in RUN_OUTPUT_COLUMNS:
                 out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
+            _refuse_implausible(out, pos, frame["step_ms"].to_numpy(dtype=float), RUN_OUTPUT_COLUMNS)
             if OUT_OF_DOMAIN_COLUMN in frame.columns:
                 out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
                 frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
@@ -191,31 +253,41 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     return frame
 
 
-_OP_SHAPE_FIELDS = {
-    OpClass.GEMM: ("m", "n", "k"),
-    OpClass.ATTENTION: ("batch", "heads", "seq_q", "seq_kv", "head_dim"),
-    OpClass.VECTOR: ("cols",),
-    OpClass.COLLECTIVE: ("bytes", "n_ranks"),
+_OP_FIELDS = {
+    OpClass.GEMM: (("m", "n", "k"), ("batch",), ()),
+    OpClass.ATTENTION: (("batch", "heads", "seq_q", "seq_kv", "head_dim"), ("kv_heads",), ("causal", "backward")),
+    OpClass.VECTOR: (("cols",), ("rows",), ("scalar", "backward")),
+    OpClass.COLLECTIVE: (("bytes", "n_ranks"), ("ranks_per_node",), ("nvlink_bridged",)),
 }
+"""Per op class: the whole-number fields a row must give, those it may give, and its boolean flags."""
 
 
 def check_op_row(row: pd.Series) -> None:
-    """Check one op-table row: known op and dtype, positive shape, a catalog GPU with the needed peak."""
+    """Check one op-table row: a known op and dtype, whole-number sizes within their ranges,
+    boolean flags, and a catalog GPU with the peak the op needs.
+
+    Raises:
+        SpecError: naming the field, the value and what is allowed.
+    """
     op = parse_op(row.get("op"))
-    dtype = DType.parse(row.get("dtype", "bf16") if pd.notna(row.get("dtype", "bf16")) else "bf16")
-    for field in _OP_SHAPE_FIELDS[op_class(op)]:
-        value = pd.to_numeric(row.get(field), errors="coerce")
-        if not (np.isfinite(value) and value > 0):
-            raise SpecError(f"{field}={row.get(field)!r} must be a positive number for op={op.value}")
+    dtype = DType.parse(row.get("dtype", "bf16") if _given(row.get("dtype")) else "bf16")
+    required, optional, flags = _OP_FIELDS[op_class(op)]
+    for field in required:
+        if not _given(row.get(field)):
+            raise SpecError(f"{field}={row.get(field)!r}: op={op.value} needs a positive whole number")
+    sizes = {f: check_whole_number(f, row.get(f)) for f in (*required, *optional) if _given(row.get(f))}
+    for flag in flags:
+        if _given(row.get(flag)):
+            parse_flag(flag, row.get(flag))
+    if "kv_heads" in sizes and sizes["heads"] % sizes["kv_heads"]:
+        raise SpecError(f"kv_heads={sizes['kv_heads']} does not divide heads={sizes['heads']}")
     gpu = row.get("gpu")
-    if gpu is None or (isinstance(gpu, float) and np.isnan(gpu)):
+    if not _given(gpu):
         raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
     if op in COLLECTIVE_OPS:
-        rpn = pd.to_numeric(row.get("ranks_per_node"), errors="coerce")
         one = pd.DataFrame([row])
-        per_node = int(rpn) if np.isfinite(rpn) and rpn > 0 else None
         fabric, bridged = inter_node_fabrics(one)[0] or None, bool(nvlink_bridged_flags(one)[0])
-        ClusterSpec.build(str(gpu), int(row["n_ranks"]), per_node, fabric, nvlink_bridged=bridged)
+        ClusterSpec.build(str(gpu), sizes["n_ranks"], sizes.get("ranks_per_node"), fabric, nvlink_bridged=bridged)
         return
     hw = HardwareSpec.from_name(str(gpu))
     # the catalog may lack the figure this op needs (bf16 on a V100, H100 NVL's empty peaks)
@@ -223,6 +295,29 @@ def check_op_row(row: pd.Series) -> None:
         hw.vector_tflops(dtype)
     else:
         hw.peak_tflops(dtype)
+
+
+def _given(value: object) -> bool:
+    """A cell that holds a value (not None, NaN or blank text)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
+        return False
+    return not (isinstance(value, str) and not value.strip())
+
+
+def _checked_op_rows(ops: pd.DataFrame) -> pd.DataFrame:
+    """Checked op rows in the types the predictors read: whole-number columns as float64,
+    flags as bools, dtype filled with bf16 and GPU names resolved to catalog ids."""
+    rows = ops.copy()
+    for col in OP_INT_COLUMNS:
+        if col in rows.columns:
+            rows[col] = pd.to_numeric(rows[col], errors="coerce").astype(float)
+    for col in OP_BOOL_COLUMNS:
+        if col in rows.columns:
+            rows[col] = [parse_flag(col, v) if _given(v) else False for v in rows[col]]
+    rows["dtype"] = rows["dtype"].map(lambda v: DType.parse(v).value if _given(v) else DType.BF16.value) if (
+        "dtype" in rows) else DType.BF16.value  # fmt: skip
+    rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
+    return rows
 
 
 def predict_ops_table(
@@ -248,6 +343,7 @@ def predict_ops_table(
     if not 0.0 < coverage < 1.0:
         raise SpecError(f"coverage={coverage} must lie strictly between 0 and 1")
     predictor = predictor or analytic.AnalyticOpPredictor()
+    ops = drop_output_columns(ops, OP_OUTPUT_NAMES)
     out = _error_frame(ops, OP_OUTPUT_COLUMNS)
     flag_rows = getattr(predictor, "out_of_domain", None)
     if flag_rows is not None:  # the same columns for every batch of a predictor, even one with no valid row
@@ -260,14 +356,14 @@ def predict_ops_table(
         except PerfcastError as exc:
             out.iat[pos, out.columns.get_loc(ERROR_COLUMN)] = str(exc)
     if good:
-        rows = ops.iloc[good].copy()
-        rows["dtype"] = rows["dtype"].fillna(DType.BF16.value) if "dtype" in rows else DType.BF16.value
-        rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
+        rows = _checked_op_rows(ops.iloc[good])
         with warnings.catch_warnings():  # reported once below, per row in the out_of_domain column
             warnings.simplefilter("ignore", OutOfDomainWarning)
             pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
+        pred, lo, hi = (np.asarray(v, dtype=float) for v in (pred, lo, hi))
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
+        _refuse_implausible(out, good, pred, OP_OUTPUT_COLUMNS)
         if flag_rows is not None:
             flags = np.asarray(flag_rows(rows), dtype=bool)
             if flags.any():

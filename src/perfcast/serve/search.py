@@ -10,8 +10,10 @@ by step time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -21,10 +23,12 @@ from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
-from perfcast.features.model import ModelSpec
+from perfcast.features.model_source import ModelSource
 from perfcast.features.parallel import Finetune
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, StepPredictorLike, predict_steps_table
 
+DEFAULT_MAX_LAYOUTS = 200_000
+"""Most layouts one search enumerates by default (every GPU type together)."""
 _LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
                   "zero_stage", "recompute", "finetune", "lora_rank", "dtype")  # fmt: skip
 
@@ -39,7 +43,7 @@ class SearchResult:
 
 
 def search_layouts(
-    model: str,
+    model: str | Mapping[str, Any],
     gpus: Sequence[str],
     num_gpus: int,
     global_batch: int,
@@ -55,18 +59,22 @@ def search_layouts(
     price_per_gpu_hour: float | None = None,
     coverage: float = DEFAULT_COVERAGE,
     progress: ProgressFn | None = None,
+    model_source: ModelSource | None = None,
+    max_layouts: int = DEFAULT_MAX_LAYOUTS,
 ) -> SearchResult:
     """Rank every layout of ``model`` on ``num_gpus`` GPUs of each type in ``gpus``.
 
     Args:
-        model: a preset id or a Hugging Face ``config.json`` path.
-        gpus: GPU types (catalog ids or device names) to compare.
+        model: a preset id, a Hugging Face ``config.json`` path or an inline config mapping,
+            resolved by ``model_source`` (default: any of them, for a local user).
+        gpus: GPU types (catalog ids or device names) to compare; repeats are searched once.
         num_gpus, global_batch: cluster size and sequences per step.
         predictor: the step predictor.
         gpus_per_node, inter_node: cluster shape (defaults from the catalog).
         seq_len: training sequence length (default: the model's).
         price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
         progress: called with the number of configs predicted.
+        max_layouts: most layouts enumerated over all GPU types; a larger search is refused.
 
     Returns:
         Layouts that fit, best first, as run-table rows with ``step_ms``, its interval,
@@ -74,38 +82,56 @@ def search_layouts(
         ``usd_per_million_tokens`` with a price), plus ``rank``.
 
     Raises:
-        SpecError: an unknown model or GPU, a bad count, a non-positive price, or no
+        SpecError: an unknown model or GPU, a GPU without the dtype, a bad count, a price
+            that is not a positive finite number, more than ``max_layouts`` layouts, or no
             layout that fits in memory.
     """
     if not gpus:
         raise SpecError("gpus is empty; give at least one GPU type (see `perfcast hardware list`)")
-    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
-        raise SpecError(f"price_per_gpu_hour={price_per_gpu_hour} must be > 0 (USD per GPU-hour)")
-    spec = ModelSpec.load(model)
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
+        raise SpecError(f"price_per_gpu_hour={price_per_gpu_hour} must be a positive finite number (USD per GPU-hour)")
+    spec = (model_source or ModelSource()).resolve(model)
     if seq_len is not None:
         spec = spec.model_copy(update={"seq_len": seq_len})
-    rows, n_layouts, n_oom = [], 0, 0
-    for gpu in gpus:
+    label = spec.name if isinstance(model, Mapping) else str(model)
+    clusters: dict[str, ClusterSpec] = {}
+    for gpu in gpus:  # resolve first: an unknown or repeated GPU, or one without the dtype, before any work
         cluster = ClusterSpec.build(gpu, num_gpus, gpus_per_node, inter_node)
+        cluster.gpu.peak_tflops(dtype)
+        clusters.setdefault(cluster.gpu.id, cluster)
+    rows, n_layouts, n_oom = [], 0, 0
+    for cluster in clusters.values():
         for layout in enumerate_layouts(spec, cluster, global_batch, space=space, dtype=dtype, finetune=finetune,
                                         lora_rank=lora_rank):  # fmt: skip
             n_layouts += 1
+            if n_layouts > max_layouts:
+                raise SpecError(
+                    f"the search has more than max_layouts={max_layouts} layouts ({len(clusters)} GPU types); "
+                    "compare fewer GPU types or a smaller cluster, or raise the limit"
+                )
             if not peak_memory(spec, layout, cluster).fits(cluster.gpu.mem_gib):
                 n_oom += 1
                 continue
             fields = {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
             fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
-            rows.append({"model": model, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
+            rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "inter_node": cluster.inter_node_fabric})  # fmt: skip
     if not rows:
         raise SpecError(
-            f"none of the {n_layouts} layouts of {model} on {num_gpus} x {', '.join(gpus)} fits in memory "
+            f"none of the {n_layouts} layouts of {label} on {num_gpus} x {', '.join(gpus)} fits in memory "
             "(at most 90% of each GPU's memory); try more GPUs, a smaller global batch or full recompute"
         )
     table = pd.DataFrame(rows)
-    pred = predict_steps_table(table, predictor=predictor, coverage=coverage, progress=progress)
+    table["model"] = [model] * len(table)  # the reference itself: an inline config stays inline
+    pred = predict_steps_table(table, predictor=predictor, coverage=coverage, progress=progress,
+                               model_source=model_source)  # fmt: skip
+    refused = pred.loc[pred["error"] != "", "error"]
     pred = pred[pred["error"] == ""].drop(columns="error")
+    if pred.empty:
+        reasons = "; ".join(refused.value_counts().index[:3])
+        raise SpecError(f"the predictor refused all {len(refused)} layouts that fit in memory: {reasons}")
+    pred["model"] = label
     key = "step_ms"
     if price_per_gpu_hour is not None:
         pred["usd_per_step"] = pred["step_ms"] / 3.6e6 * num_gpus * price_per_gpu_hour
