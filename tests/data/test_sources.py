@@ -26,6 +26,7 @@ def test_every_reader_imports_and_names_are_unique() -> None:
         ("neusight_kernels_gemm.csv.gz", "neusight-gemm"),
         ("vtrain_megatron_iteration_time.csv", "vtrain-iterations"),
         ("mlperf_training_llm_runs.csv", "mlperf-llm-runs"),
+        ("published_llm_training_steps.csv", "published-steps"),
         ("run1.pt.trace.json.gz", "torch-trace"),
         ("profile.sqlite", "nsys-sqlite"),
         ("gpt_megatron_train.log", "megatron-log"),
@@ -78,5 +79,5 @@ def test_checks_apply_after_the_reader(tmp_path: Path) -> None:
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="../shared/data is absent")
 def test_every_shared_file_has_a_reader() -> None:
     files = [p for p in SHARED_DATA.iterdir() if p.suffix in {".csv", ".gz"}]
-    assert len(files) == 14
+    assert len(files) == 15
     assert {detect_reader(p).name for p in files} == {r.name for r in READERS if r.patterns[0].count("_") > 0}

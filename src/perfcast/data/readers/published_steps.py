@@ -1,0 +1,223 @@
+"""Reader of published step times of current LLM training stacks as run records.
+
+Source: ``published_llm_training_steps.csv`` (``../shared/data``; README section
+"published_llm_training_steps.csv"): one row per configuration that a framework's
+authors measured and published (MosaicML llm-foundry, PyTorch torchtitan, NeMo 24.07 and
+its long-sequence table, NeMo AutoModel, MaxText). The file already carries run-table
+columns; this reader keeps them as given and adds what the run records need.
+
+Mapping, one record per source row:
+
+* Run-table columns (``num_layers`` .. ``gpus_per_node``), ``num_experts``, ``top_k``,
+  ``model`` and ``notes``: as given. Empty cells stay empty (NaN): nothing unstated is
+  invented. The one exception is a field the run records require
+  (:data:`~perfcast.data.schema.RUN_RECORD_REQUIRED`) that the row leaves empty while its
+  ``model`` names a perfcast preset: the preset's value fills it (:data:`PRESET_FILLS`,
+  written out here because the data layer does not read the features catalogs; a test
+  checks it against the presets) and the field is named in ``defaulted_fields``
+  (``;``-separated). Other empty required fields stay empty and the record checks
+  reject those rows.
+* ``finetune``: as given (``sft`` = full-parameter supervised fine-tuning, ``lora``);
+  empty for pre-training rows.
+* ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
+* ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
+  is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
+  1000``. ``step_ms_basis`` says where the time comes from: ``printed`` (the source prints
+  a step time), ``tokens_per_s`` (the file derived it from tokens/s; its ``notes`` say
+  "step_ms derived"), ``tokens_per_s_by_reader`` (derived here), empty when the source gives
+  neither (MaxText: TFLOP/s only; the record checks reject such rows for lack of a time).
+* ``measured_tokens_per_s_per_gpu``, ``measured_tflops_per_gpu``, ``measured_mfu``
+  (fraction): as given; each source counts FLOPs its own way.
+* ``source``: a short stable id per publishing table (:data:`SOURCE_TABLES`, e.g.
+  ``published:torchtitan``), ``published:<slug of the text>`` for a table not listed there;
+  ``source_text`` keeps the file's ``source`` text, with ``source_commit``, ``source_path``
+  and ``source_row`` (0-based data row of the file).
+* ``framework``: from the publishing table (:data:`SOURCE_TABLES`): ``megatron-core`` for
+  NeMo's tables, ``torchtitan``, ``pytorch-fsdp`` for llm-foundry (Composer over PyTorch
+  FSDP) and NeMo AutoModel (its PyTorch-native FSDP2 backend), ``maxtext`` (JAX); empty
+  for an unlisted table.
+* ``gpu``: the file's spelling (e.g. ``"H100 SXM 80GB (DGX-H100)"``), resolved to a catalog
+  id by the record checks' ``resolve_gpu`` hook; ``device_name`` keeps the spelling.
+
+Rejected rows (``reason`` column): a numeric cell that is not a number (``tp='x'``), a
+whole-number cell with a fraction, or an empty ``source``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from perfcast.data.records import ReadResult, RejectionReasons
+from perfcast.data.schema import RUN_INT_COLUMNS, RUN_RECORD_REQUIRED, TimingScope
+from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
+from perfcast.errors import DatasetError
+
+logger = logging.getLogger(__name__)
+
+SOURCE_PREFIX = "published"
+"""Prefix of the ``source`` ids this reader writes."""
+
+SOURCE_TABLES: tuple[tuple[str, str, str], ...] = (
+    ("NeMo AutoModel", "published:nemo-automodel", "pytorch-fsdp"),
+    ("NeMo performance summary, long input sequences", "published:nemo-24.03-long-seq", "megatron-core"),
+    ("NeMo performance summary (NeMo 24.07", "published:nemo-24.07", "megatron-core"),
+    ("llm-foundry", "published:llm-foundry", "pytorch-fsdp"),
+    ("torchtitan", "published:torchtitan", "torchtitan"),
+    ("MaxText", "published:maxtext", "maxtext"),
+)
+"""(text the file's ``source`` contains, source id, framework), the first match wins."""
+
+PRESET_FILLS: dict[str, dict[str, int]] = {
+    "gpt3-175b": {"vocab_size": 50257},
+}
+"""Preset values for required fields some rows leave empty: ``model`` -> {field: value}.
+Only presets of perfcast's model catalog appear here (a test compares them)."""
+
+STEP_MS_BASES = ("printed", "tokens_per_s", "tokens_per_s_by_reader")
+"""Values of the ``step_ms_basis`` column (see the module docstring)."""
+
+_TEXT_COLUMNS = (
+    "source", "source_commit", "source_path", "model", "recompute", "finetune", "dtype", "gpu", "notes",
+)  # fmt: skip
+_FLOAT_COLUMNS = (
+    "measured_step_ms", "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu",
+)  # fmt: skip
+_NUMBER_COLUMNS = tuple(c for c in (*RUN_COLUMNS, "num_experts", "top_k") if c in RUN_INT_COLUMNS)
+_BOOL_COLUMNS = ("sequence_parallel",)
+
+REQUIRED_COLUMNS: tuple[str, ...] = (*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *_BOOL_COLUMNS, *_FLOAT_COLUMNS)
+"""Columns of the file the reader needs; a file missing any of them raises DatasetError."""
+
+_DERIVED_NOTE = "step_ms derived"
+_OUTPUT_EXTRA = (
+    "num_experts", "top_k", "model", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
+    "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu", "source", "source_text",
+    "source_commit", "source_path", "source_row", "device_name", "notes", "defaulted_fields",
+)  # fmt: skip
+
+
+def read_published_steps(path: str | Path) -> ReadResult:
+    """Read ``published_llm_training_steps.csv`` into run records, one per source row.
+
+    Args:
+        path: the file (or a CSV/Parquet table with its columns).
+
+    Returns:
+        ``records``: the run-table columns (:data:`~perfcast.data.tables.RUN_COLUMNS`), then
+        ``num_experts, top_k, model, framework, timing_scope, measured_step_ms, step_ms_basis,
+        measured_tokens_per_s_per_gpu, measured_tflops_per_gpu, measured_mfu, source,
+        source_text, source_commit, source_path, source_row, device_name, notes,
+        defaulted_fields`` (see the module docstring). Empty cells stay NaN.
+        ``rejected``: source rows with an unreadable number or no source, as read, with
+        ``source_row`` and a ``reason`` naming the field and value.
+
+    Raises:
+        DatasetError: the file cannot be read or lacks required columns (named).
+    """
+    raw = read_table(path)
+    missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
+    if missing:
+        raise DatasetError(f"{path}: missing required columns of the published-steps table: {', '.join(missing)}")
+    raw = raw.reset_index(drop=True)
+    raw.insert(0, "source_row", np.arange(len(raw), dtype=np.int64))
+    reasons = RejectionReasons(len(raw))
+    numbers = _numbers(raw, reasons)
+    text = {c: raw[c].astype("string").str.strip().replace("", pd.NA) for c in _TEXT_COLUMNS}
+    reasons.add(text["source"].isna().to_numpy(dtype=bool), "source is empty")
+    ok, rejected = reasons.split(raw, path)
+    records = _records(raw[ok], numbers[ok], {c: v[ok] for c, v in text.items()})
+    return ReadResult(records=records, rejected=rejected)
+
+
+def source_table(text: str) -> tuple[str, str | None]:
+    """(source id, framework or None) of a publishing table named by the file's ``source`` text.
+
+    A text that no :data:`SOURCE_TABLES` entry matches gets ``published:<slug>`` (lowercase,
+    runs of other characters as ``-``) and no framework.
+    """
+    for needle, source_id, framework in SOURCE_TABLES:
+        if needle.lower() in text.lower():
+            return source_id, framework
+    slug = re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+    return f"{SOURCE_PREFIX}:{slug}", None
+
+
+def _numbers(raw: pd.DataFrame, reasons: RejectionReasons) -> pd.DataFrame:
+    """Numeric columns as float64 (empty cells NaN), rejecting text and fractional counts."""
+    out = pd.DataFrame(index=raw.index)
+    for col in (*_NUMBER_COLUMNS, *_FLOAT_COLUMNS):
+        cells = raw[col]
+        value = pd.to_numeric(cells, errors="coerce").astype("float64")
+        given = cells.notna() & (cells.astype("string").str.strip() != "")
+        bad = (given & value.isna()).to_numpy(dtype=bool)
+        reasons.add(bad, cells.map(lambda v, c=col: f"{c}={v!r} is not a number"))
+        if col in _NUMBER_COLUMNS:
+            fraction = (np.isfinite(value) & (value != np.round(value))).to_numpy(dtype=bool)
+            reasons.add(fraction, value.map(lambda v, c=col: f"{c}={v!r} is not a whole number"))
+        out[col] = value
+    flag = raw["sequence_parallel"].astype("string").str.strip().str.lower()
+    truth = flag.map({"true": True, "1": True, "1.0": True, "false": False, "0": False, "0.0": False})
+    bad = (flag.notna() & (flag != "") & truth.isna()).to_numpy(dtype=bool)
+    reasons.add(bad, raw["sequence_parallel"].map(lambda v: f"sequence_parallel={v!r} is not true/false"))
+    out["sequence_parallel"] = truth.astype("boolean")
+    return out
+
+
+def _step_times(num: pd.DataFrame, notes: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """(``measured_step_ms``, ``step_ms_basis``) per row (see the module docstring)."""
+    given = num[RUN_MEASURED_COLUMN]
+    tps = num["measured_tokens_per_s_per_gpu"]
+    derived = num["global_batch"] * num["seq_len"] / (tps * num["num_gpus"]) * 1000.0
+    derivable = given.isna() & np.isfinite(derived) & (derived > 0)
+    step = given.where(~derivable, derived)
+    said_derived = notes.fillna("").str.contains(_DERIVED_NOTE, regex=False).to_numpy(dtype=bool)
+    printed, by_file, by_reader = STEP_MS_BASES
+    has = given.notna().to_numpy()
+    basis = np.select([has & said_derived, has, derivable.to_numpy()], [by_file, printed, by_reader], default=None)
+    return step, pd.Series(basis, index=num.index, dtype=object)
+
+
+def _preset_fills(out: pd.DataFrame, model: pd.Series) -> pd.Series:
+    """Fill required fields a row leaves empty from :data:`PRESET_FILLS`; the fields filled, per row."""
+    filled = pd.Series("", index=out.index, dtype=object)
+    for field in RUN_RECORD_REQUIRED:
+        if field not in out:
+            continue
+        value = model.map(lambda m, f=field: PRESET_FILLS.get(m, {}).get(f) if isinstance(m, str) else None)
+        use = out[field].isna() & value.notna()
+        if use.any():
+            out.loc[use, field] = value[use].astype(float)
+            filled[use] = np.where(filled[use] == "", field, filled[use] + ";" + field)
+    return filled
+
+
+def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -> pd.DataFrame:
+    """The accepted rows as run records, in column order (see :func:`read_published_steps`)."""
+    out = num[[c for c in num.columns if c in (*_NUMBER_COLUMNS, "sequence_parallel")]].copy()
+    tables = text["source"].map(lambda s: source_table(str(s)))
+    for col in ("recompute", "finetune", "dtype", "gpu", "model", "notes"):
+        out[col] = text[col].astype(object).where(text[col].notna(), None)
+    defaulted = _preset_fills(out, text["model"])
+    for col in _NUMBER_COLUMNS:
+        out[col] = out[col].round().astype("Int64")
+    out["framework"] = tables.map(lambda t: t[1]).astype(object)
+    out["timing_scope"] = TimingScope.STEP.value
+    out[RUN_MEASURED_COLUMN], out["step_ms_basis"] = _step_times(num, text["notes"])
+    for col in _FLOAT_COLUMNS[1:]:
+        out[col] = num[col]
+    out["source"] = tables.map(lambda t: t[0]).astype(object)
+    out["source_text"] = text["source"].astype(object)
+    out["source_commit"] = text["source_commit"].astype(object)
+    out["source_path"] = text["source_path"].astype(object)
+    out["source_row"] = raw["source_row"].astype("int64")
+    out["device_name"] = out["gpu"]
+    out["defaulted_fields"] = defaulted
+    unknown = sorted(set(text["source"][out["framework"].isna()].astype(str)))
+    if unknown:
+        logger.info("published steps: no framework known for source(s) %s", "; ".join(unknown))
+    return out[[*RUN_COLUMNS, *_OUTPUT_EXTRA]].reset_index(drop=True)

@@ -1,0 +1,187 @@
+"""Tests of perfcast.data.readers.published_steps on an inline fixture and on the real shared file."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from fixtures.shared import shared_file
+
+from perfcast.data.readers.published_steps import (
+    PRESET_FILLS,
+    SOURCE_TABLES,
+    read_published_steps,
+    source_table,
+)
+from perfcast.data.records import REASON_COLUMN
+from perfcast.data.sources import detect_reader, read_source
+from perfcast.data.tables import RUN_COLUMNS
+from perfcast.data.validate import check_run_records
+from perfcast.errors import DatasetError
+from perfcast.features.hardware import resolve_gpu_name
+
+REAL_NAME = "published_llm_training_steps.csv"
+
+HEADER = (
+    "source,source_commit,source_path,model,num_layers,hidden_size,num_heads,num_kv_heads,ffn_hidden_size,"
+    "vocab_size,seq_len,num_experts,top_k,tp,pp,dp,cp,ep,vpp,micro_batch,global_batch,sequence_parallel,"
+    "zero_stage,recompute,finetune,lora_rank,dtype,gpu,num_gpus,gpus_per_node,measured_step_ms,"
+    "measured_tokens_per_s_per_gpu,measured_tflops_per_gpu,measured_mfu,notes"
+)
+_NEMO = '"NeMo performance summary (NeMo 24.07, DGX-H100)",c1,docs/perf.md'
+_TITAN = "PyTorch torchtitan performance docs,c2,benchmarks/b.md"
+_AUTO = '"NeMo AutoModel performance summary (PyTorch backend, DGX-H100, BF16)",c3,docs/p.mdx'
+ROWS = [
+    # 0: GPT3-175B, vocab not stated -> filled from the preset; step derived in the file
+    _NEMO + ",gpt3-175b,96,12288,96,96,49152,,2048,,,4,8,4,1,,6,1,256,,,,,,fp8,H100 80GB,128,8,"
+    "5720.67,716.0,771.0,,vocab not stated; step_ms derived from tokens/s",
+    # 1: step time empty, tokens/s given -> the reader derives it
+    _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,1,8,1,,,2,16,,3,selective,,,bf16,"
+    '"A100 SXM 80GB",8,8,,5762.0,,,eager',
+    # 2: printed step time, sft, MoE columns
+    _AUTO + ",qwen3-30b-a3b,48,2048,32,4,768,151936,4096,128,8,1,1,8,1,8,1,4,512,,3,,sft,,bf16,"
+    "H100 80GB,8,8,21773.0,12040.0,277.0,0.31,measured: time per global step",
+    # 3: a model shape the source does not state (no preset either)
+    _AUTO + ",nemotron-3-nano,,,,,,,4096,,,1,1,8,1,8,1,4,512,,3,,,,bf16,H100 80GB,8,8,15614.0,,,,shape not stated",
+    # 4: TFLOP/s only, no time; a table SOURCE_TABLES does not list
+    "Some New Table (v2),c4,README.md,llama2-7b,32,4096,32,32,11008,32000,4096,,,1,1,8,1,,,4,32,,3,,,,bf16,"
+    "H100 80GB,8,8,,,492.0,,only TFLOP/s",
+    # 5: garbage in a number column -> rejected by the reader
+    _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,x,1,8,1,,,2,16,,3,,,,bf16,H100 80GB,8,8,100.0,,,,bad tp",
+]
+
+
+def _write(tmp_path: Path, rows: list[str] = ROWS, header: str = HEADER) -> Path:
+    path = tmp_path / "published_llm_training_steps.csv"
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def test_fixture_maps_one_record_per_row(tmp_path: Path) -> None:
+    result = read_published_steps(_write(tmp_path))
+    assert (result.n_records, result.n_rejected) == (5, 1)
+    assert result.rejected["source_row"].tolist() == [5]
+    assert result.rejected[REASON_COLUMN].iloc[0] == "tp='x' is not a number"
+    rec = result.records
+    assert list(rec.columns[: len(RUN_COLUMNS)]) == list(RUN_COLUMNS)
+    assert rec["source_row"].tolist() == [0, 1, 2, 3, 4]
+    assert rec["source"].tolist() == [
+        "published:nemo-24.07",
+        "published:torchtitan",
+        "published:nemo-automodel",
+        "published:nemo-automodel",
+        "published:some-new-table-v2",
+    ]
+    assert rec["framework"].tolist()[:4] == ["megatron-core", "torchtitan", "pytorch-fsdp", "pytorch-fsdp"]
+    assert pd.isna(rec["framework"].iloc[4])
+    assert rec["source_text"].iloc[0] == "NeMo performance summary (NeMo 24.07, DGX-H100)"
+    assert (rec["timing_scope"] == "step").all()
+
+
+def test_fixture_times_and_their_basis(tmp_path: Path) -> None:
+    rec = read_published_steps(_write(tmp_path)).records
+    assert rec["measured_step_ms"].iloc[0] == pytest.approx(5720.67)
+    assert rec["measured_step_ms"].iloc[1] == pytest.approx(16 * 8192 / (5762.0 * 8) * 1000)
+    assert rec["measured_step_ms"].iloc[2] == pytest.approx(21773.0)
+    assert pd.isna(rec["measured_step_ms"].iloc[4])
+    assert rec["step_ms_basis"].tolist()[:4] == ["tokens_per_s", "tokens_per_s_by_reader", "printed", "printed"]
+    assert pd.isna(rec["step_ms_basis"].iloc[4])
+    assert rec["measured_tflops_per_gpu"].iloc[4] == pytest.approx(492.0)
+    assert rec["measured_mfu"].iloc[2] == pytest.approx(0.31)
+
+
+def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
+    rec = read_published_steps(_write(tmp_path)).records
+    assert rec["vocab_size"].iloc[0] == 50257 and rec["defaulted_fields"].iloc[0] == "vocab_size"
+    assert (rec["defaulted_fields"].iloc[1:] == "").all()
+    nano = rec.iloc[3]
+    assert all(pd.isna(nano[c]) for c in ("num_layers", "hidden_size", "num_heads", "vocab_size"))
+    assert pd.isna(rec["ep"].iloc[0]) and pd.isna(rec["vpp"].iloc[1]) and pd.isna(rec["lora_rank"]).all()
+    assert pd.isna(rec["finetune"].iloc[0]) and rec["finetune"].iloc[2] == "sft"
+    assert rec["sequence_parallel"].isna().all()
+    assert (rec["num_experts"].iloc[2], rec["top_k"].iloc[2], rec["ep"].iloc[2]) == (128, 8, 8)
+    assert rec["model"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
+
+
+def test_fixture_through_the_record_checks(tmp_path: Path) -> None:
+    checked = check_run_records(read_published_steps(_write(tmp_path)).records, resolve_gpu=resolve_gpu_name)
+    assert checked.records["source_row"].tolist() == [0, 1]
+    assert checked.records["gpu"].tolist() == ["h100-sxm5-80gb", "a100-sxm4-80gb"]
+    assert checked.records["device_name"].tolist() == ["H100 80GB", "A100 SXM 80GB"]
+    reasons = dict(zip(checked.rejected["source_row"], checked.rejected[REASON_COLUMN], strict=True))
+    assert "finetune must be one of" in reasons[2]
+    assert "num_layers must be a positive integer" in reasons[3]
+    assert "no measured time" in reasons[4]
+
+
+def test_missing_columns_raise(tmp_path: Path) -> None:
+    path = _write(tmp_path, [], HEADER.replace(",measured_mfu", ""))
+    with pytest.raises(DatasetError, match="measured_mfu"):
+        read_published_steps(path)
+
+
+def test_registered_by_file_name() -> None:
+    assert detect_reader("published_llm_training_steps.csv").name == "published-steps"
+
+
+def test_source_table_falls_back_to_a_slug() -> None:
+    for needle, source_id, framework in SOURCE_TABLES:
+        assert source_table(f"x {needle} y") == (source_id, framework)
+    assert source_table("Vendor X: New Table / 2026") == ("published:vendor-x-new-table-2026", None)
+
+
+@pytest.mark.parametrize("model", sorted(PRESET_FILLS))
+def test_preset_fills_match_the_presets(model: str) -> None:
+    text = resources.files("perfcast.features.catalog.models").joinpath(f"{model}.json").read_text()
+    preset = json.loads(text)
+    for field, value in PRESET_FILLS[model].items():
+        assert preset[field] == value, field
+
+
+@pytest.mark.shared_data
+def test_real_file() -> None:
+    result = read_published_steps(shared_file(REAL_NAME))
+    assert (result.n_records, result.n_rejected) == (307, 0)
+    rec = result.records
+    assert rec["source"].value_counts().to_dict() == {
+        "published:llm-foundry": 216,
+        "published:torchtitan": 43,
+        "published:nemo-24.07": 18,
+        "published:nemo-automodel": 16,
+        "published:nemo-24.03-long-seq": 9,
+        "published:maxtext": 5,
+    }
+    assert rec["framework"].value_counts().to_dict() == {
+        "pytorch-fsdp": 232,
+        "torchtitan": 43,
+        "megatron-core": 27,
+        "maxtext": 5,
+    }
+    assert rec["step_ms_basis"].value_counts().to_dict() == {"tokens_per_s": 286, "printed": 16}
+    timed = rec[rec["measured_tokens_per_s_per_gpu"].notna()]
+    from_tps = timed["global_batch"] * timed["seq_len"] / (timed["measured_tokens_per_s_per_gpu"] * timed["num_gpus"])
+    assert (timed["measured_step_ms"] / (from_tps * 1000)).between(0.99, 1.01).all()
+    assert rec.loc[rec["defaulted_fields"] != "", "model"].tolist() == ["gpt3-175b", "gpt3-175b"]
+    assert (rec["tp"] * rec["pp"] * rec["dp"] * rec["cp"] == rec["num_gpus"]).all()
+
+    # schema checks without GPU resolution: what the rows themselves lack
+    checked = check_run_records(rec)
+    reasons = checked.rejected[REASON_COLUMN]
+    assert (checked.n_records, checked.n_rejected) == (288, 19)
+    assert reasons.str.contains("micro_batch must be a positive integer").sum() == 6  # torchtitan PP, not stated
+    assert reasons.str.contains("no measured time").sum() == 5  # MaxText: TFLOP/s only
+    assert reasons.str.contains("finetune must be one of").sum() == 3  # sft
+    assert reasons.str.contains("vocab_size must be a positive integer").sum() == 5  # 3 without a shape, 2 vocab
+
+
+@pytest.mark.shared_data
+def test_real_file_through_read_source() -> None:
+    loaded = read_source(shared_file(REAL_NAME), resolve_gpu=resolve_gpu_name)
+    assert loaded.kind == "runs" and loaded.n_read == 307
+    assert len(loaded.records) + len(loaded.rejected) == 307
+    assert all(resolve_gpu_name(gpu) == gpu for gpu in set(loaded.records["gpu"]))  # catalog ids
+    # every spelling the catalog resolves today is accepted unless the row lacks a field
+    assert len(loaded.records) >= 85
