@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ with warnings.catch_warnings():  # starlette's test client warns about its httpx
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from perfcast.serve.api import MAX_ROWS, create_app
+from perfcast.serve.api import MAX_ROWS, ServiceLimits, create_app
 
 GEMM = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb", "dtype": "bf16"}
 RUN = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "gpu": "h100-sxm5-80gb", "num_gpus": 8}
@@ -136,3 +137,80 @@ def test_search_ranks_layouts_and_names_bad_input() -> None:
     unknown = client.post("/v1/search", json={**body, "gpus": ["nope"]})
     assert unknown.status_code == 422 and "nope" in unknown.json()["detail"]
     assert client.post("/v1/search", json={**body, "num_gpus": 0}).status_code == 422
+
+
+# ------------------------------------------------------------------ hardening
+
+
+def test_a_request_cannot_make_the_service_read_a_server_file(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "secrets.json").write_text('{"api_key": "S3CRET"}')
+    allowed = tmp_path / "configs"
+    allowed.mkdir()
+    (allowed / "tiny.json").write_text('{"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000}')
+    client = TestClient(create_app(model="analytic", limits=ServiceLimits(model_dirs=(allowed,))))
+    refs = ["secrets.json", "missing.json", "/etc/passwd", "../secrets.json", "tiny.json"]
+    body = client.post("/v1/predict/steps", json={"rows": [{**RUN, "model": m} for m in refs]}).json()
+    errors = [row["error"] for row in body["rows"]]
+    assert not any("S3CRET" in e or "api_key" in e for e in errors)
+    assert len({e.replace(repr(r), "") for e, r in zip(errors[:4], refs[:4], strict=True)}) == 1  # existence not told
+    assert errors[4] == "" and body["rows"][4]["step_ms"] > 0  # a file the operator allowed
+    inline = {**RUN, "model": {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000}}
+    assert client.post("/v1/predict/steps", json={"rows": [inline]}).json()["rows"][0]["step_ms"] > 0
+
+
+def test_bodies_over_the_limit_are_refused_before_parsing() -> None:
+    client = TestClient(create_app(model="analytic", limits=ServiceLimits(max_body_bytes=10_000, max_rows=3)))
+    big = {"rows": [GEMM] * 200}
+    assert client.post("/v1/predict/ops", json=big).status_code == 413
+    streamed = client.post("/v1/predict/ops", content=(b" " * 1000 for _ in range(20)))  # no Content-Length
+    assert streamed.status_code == 413
+    too_many = client.post("/v1/predict/ops", json={"rows": [GEMM] * 4})
+    assert too_many.status_code == 422 and too_many.json()["detail"][0]["loc"] == ["body", "rows"]
+    search = {"model": "mixtral-8x7b", "gpus": ["h100-sxm5-80gb"], "num_gpus": 4096, "global_batch": 4096}
+    limited = TestClient(create_app(model="analytic", limits=ServiceLimits(max_search_layouts=100)))
+    response = limited.post("/v1/search", json=search)
+    assert response.status_code == 422 and "max_layouts=100" in response.json()["detail"]
+
+
+def test_output_fields_in_rows_are_predicted_anew_and_a_response_row_can_be_sent_back(client: TestClient) -> None:
+    stale = {**RUN, "step_ms": 1.5, "error": "stale", "mfu": 9.0}
+    body = client.post("/v1/predict/steps", json={"rows": [stale, {**RUN, "tp": 3}]}).json()
+    good, bad = body["rows"]
+    assert good["step_ms"] != 1.5 and good["error"] == "" and good["mfu"] < 1
+    assert "tp*pp*dp*cp" in bad["error"] and bad["step_ms"] is None
+    assert "step_ms" in body["warnings"][0]
+    again = client.post("/v1/predict/steps", json={"rows": body["rows"]})
+    assert again.status_code == 200 and again.json()["rows"][0]["step_ms"] == good["step_ms"]
+    ops = client.post("/v1/predict/ops", json={"rows": [{**GEMM, "pred_ms": -1, "out_of_domain": True}]}).json()
+    assert ops["rows"][0]["pred_ms"] > 0
+
+
+@pytest.mark.parametrize(
+    ("content", "loc"),
+    [
+        ('{"rows": [{"gpu": "h100", "model": "llama2-7b", "seq_len": 1e30}]}', ["body", "rows", 0, "seq_len"]),
+        ('{"rows": [{"gpu": "h100", "hidden_size": 4611686018427387904}]}', ["body", "rows", 0, "hidden_size"]),
+        ('{"rows": [{"gpu": "h100", "model": "llama2-7b"}], "coverage": NaN}', ["body", "coverage"]),
+        ('{"rows": [{"gpu": "h100", "model": "llama2-7b", "x": ' + "[" * 300 + "]" * 300 + "}]}", None),
+        ('{"rows": [{"gpu": "h100", "x": ' + "[" * 50_000 + "]" * 50_000 + "}]}", ["body"]),
+        ('{"rows": [{"gpu": "h100", "tp": "SECRET-INPUT"}]}', ["body", "rows", 0, "tp"]),
+        ("not json", ["body"]),
+    ],
+)
+def test_bad_bodies_are_a_422_naming_the_field_without_echoing_input(client: TestClient, content: str, loc) -> None:
+    response = client.post("/v1/predict/steps", content=content.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    assert "SECRET-INPUT" not in response.text and "input" not in detail[0]
+    if loc is not None:
+        assert loc in [d["loc"] for d in detail]
+
+
+def test_nan_bytes_and_huge_op_sizes_are_422s(client: TestClient) -> None:
+    collective = {"op": "allreduce", "bytes": 1e400, "n_ranks": 8, "gpu": "h100-sxm5-80gb"}
+    content = json.dumps({"rows": [collective]}).replace("Infinity", "NaN")
+    response = client.post("/v1/predict/ops", content=content.encode(), headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "rows", 0, "bytes"]
+    huge = client.post("/v1/predict/ops", json={"rows": [{**GEMM, "m": 2**62}]})
+    assert huge.status_code == 422

@@ -66,9 +66,9 @@ class ModelSource:
         if path is not None:
             return self._read_allowed(text, path)
         if text.endswith(".json") or "/" in text or "\\" in text or text.startswith("."):
-            where = "its --model-dir folders" if self.allowed_dirs else "no folder (the operator allowed none)"
+            where = "model configs only from its --model-dir folders" if self.allowed_dirs else "no model files"
             raise SpecError(
-                f"model={text!r}: this service reads model configs only from {where}; "
+                f"model={text!r}: this service reads {where}; "
                 "give a preset id (GET /v1/models) or the config itself as a JSON object"
             )
         return ModelSpec.from_name(text)

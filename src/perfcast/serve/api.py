@@ -8,127 +8,193 @@ Endpoints (the OpenAPI document is at ``/openapi.json``, the interactive one at 
   its interval, memory, MFU and tokens/s.
 * ``POST /v1/search``: the layouts of a model on a cluster, ranked by predicted step
   time (or cost per step with a price per GPU-hour).
-* ``GET /v1/hardware``: the hardware catalog; ``GET /healthz``: liveness and the
-  predictors in use.
+* ``GET /v1/hardware``, ``GET /v1/models``: the hardware catalog and the model presets;
+  ``GET /healthz``: liveness and the predictors in use.
 
-The predictors load once, when the app is created. A body that does not parse (a field of
-the wrong type, a coverage outside (0, 1), no rows) gets a 422 whose ``detail`` names the
-field. A row that parses but is not a valid op or config (tp does not divide the heads,
-an unknown GPU) is answered with its reason in ``error`` while the other rows of the
-batch are predicted: one bad row does not cost the batch.
+What a request may do is bounded by :class:`ServiceLimits`: a body over
+``max_body_bytes`` is refused with 413 before it is parsed; more than ``max_rows`` rows
+or a search of more than ``max_search_layouts`` layouts is a 422. A run row's ``model`` is
+a preset id, a config given inline as a JSON object, or a file inside one of the
+operator's ``model_dirs``: the service opens no other path a request names, and its
+errors never quote a file. A body that does not parse (a field of the wrong type or out
+of range, a coverage outside (0, 1), no rows) gets a 422 whose ``detail`` names each
+field and row, without echoing the input. A row that parses but is not a valid op or
+config is answered with its reason in ``error`` while the other rows are predicted.
+Input fields that are output names are dropped, with a note in ``warnings``.
+
+Parsing and prediction run in a small thread pool (``prediction_threads``), off the event
+loop, so ``/healthz`` and small requests stay fast while large batches are predicted.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass, field
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
+import anyio
 import pandas as pd
-from fastapi import FastAPI, HTTPException
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from perfcast.data.schema import FIELD_MAX, FIELD_MIN_ZERO
 from perfcast.errors import PerfcastError
-from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
+from perfcast.features.model_source import ModelSource
+from perfcast.serve.batch import (
+    DEFAULT_COVERAGE,
+    OP_OUTPUT_NAMES,
+    STEP_OUTPUT_NAMES,
+    predict_ops_table,
+    predict_steps_table,
+)
 from perfcast.serve.predictors import load_op_predictor, load_step_predictor
 
 __version__ = version("perfcast")
 MAX_ROWS = 100_000
-"""Rows one request may carry; larger sweeps belong to ``perfcast predict`` on a file."""
+"""Default most rows one request may carry; larger sweeps belong to ``perfcast predict`` on a file."""
+MAX_ERRORS_SHOWN = 20
+"""Most field errors one 422 lists (the count of all is given too)."""
+
+
+@dataclass(frozen=True)
+class ServiceLimits:
+    """What one request may ask of the service.
+
+    Attributes:
+        max_body_bytes: largest request body, bytes; larger is a 413.
+        max_rows: most rows in one predict request.
+        max_search_layouts: most layouts one search may enumerate (all GPU types together).
+        prediction_threads: requests parsed and predicted at once (the rest wait their turn).
+        model_dirs: folders whose model config files a request's ``model`` may name.
+    """
+
+    max_body_bytes: int = 16 << 20
+    max_rows: int = MAX_ROWS
+    max_search_layouts: int = 20_000
+    prediction_threads: int = 2
+    model_dirs: tuple[Path, ...] = field(default_factory=tuple)
+
+
+_Scalar = str | int | float | bool | None
+"""What an extra (pass-through) field of a row may hold."""
+
+
+def _size(name: str, description: str | None = None) -> Any:
+    """An optional whole-number field within its table range (:data:`FIELD_MAX`)."""
+    lowest = 0 if name in FIELD_MIN_ZERO else 1
+    return Field(None, ge=lowest, le=FIELD_MAX[name], description=description)
 
 
 class OpRow(BaseModel):
-    """One op-table row (DESIGN.md "Interfaces"); other fields are passed through."""
+    """One op-table row (DESIGN.md "Interfaces"); other scalar fields are passed through."""
 
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, _Scalar]
 
-    op: str = Field(..., description="matmul, bmm, linear, softmax, layernorm, ..., allreduce, sendrecv")
-    gpu: str = Field(..., description="Catalog id or device name, e.g. h100-sxm5-80gb")
-    dtype: str | None = Field(None, description="fp32, tf32, fp16, bf16 or fp8 (default bf16)")
-    batch: int | None = Field(None, ge=1)
-    m: int | None = Field(None, ge=1)
-    n: int | None = Field(None, ge=1)
-    k: int | None = Field(None, ge=1)
-    rows: int | None = Field(None, ge=1)
-    cols: int | None = Field(None, ge=1)
+    op: str = Field(..., max_length=64, description="matmul, bmm, linear, softmax, ..., allreduce, sendrecv")
+    gpu: str = Field(..., max_length=200, description="Catalog id or device name, e.g. h100-sxm5-80gb")
+    dtype: str | None = Field(None, max_length=32, description="fp32, tf32, fp16, bf16 or fp8 (default bf16)")
+    batch: int | None = _size("batch")
+    m: int | None = _size("m")
+    n: int | None = _size("n")
+    k: int | None = _size("k")
+    rows: int | None = _size("rows")
+    cols: int | None = _size("cols")
     scalar: bool | None = None
-    heads: int | None = Field(None, ge=1)
-    kv_heads: int | None = Field(None, ge=1)
-    seq_q: int | None = Field(None, ge=1)
-    seq_kv: int | None = Field(None, ge=1)
-    head_dim: int | None = Field(None, ge=1)
+    heads: int | None = _size("heads")
+    kv_heads: int | None = _size("kv_heads")
+    seq_q: int | None = _size("seq_q")
+    seq_kv: int | None = _size("seq_kv")
+    head_dim: int | None = _size("head_dim")
     causal: bool | None = None
-    bytes: float | None = Field(None, gt=0, description="Collective payload, bytes")
-    n_ranks: int | None = Field(None, ge=1)
-    ranks_per_node: int | None = Field(None, ge=1)
+    backward: bool | None = None
+    bytes: int | None = _size("bytes", "Collective payload, bytes")
+    n_ranks: int | None = _size("n_ranks")
+    ranks_per_node: int | None = _size("ranks_per_node")
+    inter_node: str | None = Field(None, max_length=200, description="Fabric between nodes (catalog id)")
     nvlink_bridged: bool | None = Field(None, description="PCIe cards joined in pairs by NVLink bridges")
 
 
 class RunRow(BaseModel):
-    """One run-table row (DESIGN.md "Interfaces"); other fields are passed through."""
+    """One run-table row (DESIGN.md "Interfaces"); other scalar fields are passed through."""
 
     model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, _Scalar]
 
-    model: str | None = Field(None, description="Preset id (`perfcast models list`) or a server-side config.json")
-    num_layers: int | None = Field(None, ge=1)
-    hidden_size: int | None = Field(None, ge=1)
-    num_heads: int | None = Field(None, ge=1)
-    num_kv_heads: int | None = Field(None, ge=1)
-    ffn_hidden_size: int | None = Field(None, ge=1)
-    vocab_size: int | None = Field(None, ge=1)
-    seq_len: int | None = Field(None, ge=1)
-    num_experts: int | None = Field(None, ge=1)
-    top_k: int | None = Field(None, ge=1)
-    tp: int | None = Field(None, ge=1)
-    pp: int | None = Field(None, ge=1)
-    dp: int | None = Field(None, ge=1)
-    cp: int | None = Field(None, ge=1)
-    ep: int | None = Field(None, ge=1)
-    micro_batch: int | None = Field(None, ge=1)
-    global_batch: int | None = Field(None, ge=1)
-    vpp: int | None = Field(None, ge=1)
+    model: str | dict[str, Any] | None = Field(
+        None,
+        description="Preset id (GET /v1/models), a config as a JSON object (perfcast fields or a Hugging Face "
+        "config.json), or a config file in a folder the operator allowed",
+    )
+    num_layers: int | None = _size("num_layers")
+    hidden_size: int | None = _size("hidden_size")
+    num_heads: int | None = _size("num_heads")
+    num_kv_heads: int | None = _size("num_kv_heads")
+    ffn_hidden_size: int | None = _size("ffn_hidden_size")
+    vocab_size: int | None = _size("vocab_size")
+    seq_len: int | None = _size("seq_len")
+    num_experts: int | None = _size("num_experts")
+    top_k: int | None = _size("top_k")
+    gated_mlp: bool | None = None
+    tp: int | None = _size("tp")
+    pp: int | None = _size("pp")
+    dp: int | None = _size("dp")
+    cp: int | None = _size("cp")
+    ep: int | None = _size("ep")
+    micro_batch: int | None = _size("micro_batch")
+    global_batch: int | None = _size("global_batch")
+    vpp: int | None = _size("vpp")
     sequence_parallel: bool | None = None
-    zero_stage: int | None = Field(None, ge=0, le=3)
-    recompute: str | None = Field(None, description="none, selective or full")
-    finetune: str | None = Field(None, description="full or lora")
-    lora_rank: int | None = Field(None, ge=0)
-    dtype: str | None = None
+    zero_stage: int | None = _size("zero_stage")
+    recompute: str | None = Field(None, max_length=32, description="none, selective or full")
+    finetune: str | None = Field(None, max_length=32, description="full or lora")
+    lora_rank: int | None = _size("lora_rank")
+    dtype: str | None = Field(None, max_length=32)
     flash_attention: bool | None = None
     overlap_grad_reduce: bool | None = Field(None, description="Data-parallel sync overlapped with the last backward")
-    gpu: str = Field(..., description="Catalog id or device name")
-    num_gpus: int | None = Field(None, ge=1)
-    gpus_per_node: int | None = Field(None, ge=1)
-    inter_node: str | None = None
+    gpu: str = Field(..., max_length=200, description="Catalog id or device name")
+    num_gpus: int | None = _size("num_gpus")
+    gpus_per_node: int | None = _size("gpus_per_node")
+    inter_node: str | None = Field(None, max_length=200)
+
+
+_Coverage = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0, allow_inf_nan=False)
 
 
 class OpsRequest(BaseModel):
     """A batch of op rows and the interval's nominal coverage."""
 
-    rows: list[OpRow] = Field(..., min_length=1, max_length=MAX_ROWS)
-    coverage: float = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0)
+    rows: list[OpRow] = Field(..., min_length=1)
+    coverage: float = _Coverage
 
 
 class StepsRequest(BaseModel):
     """A batch of run rows; ``breakdown`` adds where the step time goes."""
 
-    rows: list[RunRow] = Field(..., min_length=1, max_length=MAX_ROWS)
-    coverage: float = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0)
+    rows: list[RunRow] = Field(..., min_length=1)
+    coverage: float = _Coverage
     breakdown: bool = False
 
 
 class SearchRequest(BaseModel):
     """A layout search: a model on ``num_gpus`` GPUs of each type in ``gpus``."""
 
-    model: str = Field(..., description="Preset id or a server-side config.json")
+    model: str | dict[str, Any] = Field(..., description="Preset id, an inline config, or an allowed config file")
     gpus: list[str] = Field(..., min_length=1, max_length=16, description="GPU types to compare")
-    num_gpus: int = Field(..., ge=1)
-    global_batch: int = Field(..., ge=1, description="Sequences per step")
-    seq_len: int | None = Field(None, ge=1)
-    gpus_per_node: int | None = Field(None, ge=1)
-    inter_node: str | None = None
-    dtype: str = "bf16"
-    price_per_gpu_hour: float | None = Field(None, gt=0, description="USD; ranks by cost per step")
-    coverage: float = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0)
+    num_gpus: int = Field(..., ge=1, le=FIELD_MAX["num_gpus"])
+    global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"], description="Sequences per step")
+    seq_len: int | None = _size("seq_len")
+    gpus_per_node: int | None = _size("gpus_per_node")
+    inter_node: str | None = Field(None, max_length=200)
+    dtype: str = Field("bf16", max_length=32)
+    price_per_gpu_hour: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD; ranks by cost per step")
+    coverage: float = _Coverage
     top: int = Field(20, ge=1, le=10_000, description="Layouts returned, best first")
 
 
@@ -148,7 +214,17 @@ class PredictionResponse(BaseModel):
     predictor: str
     coverage: float
     n_errors: int
+    warnings: list[str] = []
     rows: list[dict[str, Any]]
+
+
+class RequestRefused(Exception):
+    """A request the service will not process: its HTTP status and a JSON-ready ``detail``."""
+
+    def __init__(self, status: int, detail: Any) -> None:
+        super().__init__(status, detail)
+        self.status = status
+        self.detail = detail
 
 
 def _json_value(value: Any) -> Any:
@@ -161,36 +237,120 @@ def _json_value(value: Any) -> Any:
     return value
 
 
-def _records(rows: list[BaseModel], frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each request row as sent, followed by the columns prediction added (NaN as null)."""
+def _field_errors(exc: ValidationError, prefix: tuple[str, ...] = ("body",)) -> list[dict[str, Any]]:
+    """Pydantic's errors as ``{loc, msg, type}``, without the input they quote."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    return [{"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in errors[:MAX_ERRORS_SHOWN]]
+
+
+def _parse(raw: bytes, schema: type[BaseModel]) -> BaseModel:
+    """The request body as ``schema``; RequestRefused(422) names each bad field and row."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise RequestRefused(
+            422, [{"loc": ["body"], "msg": "the body is not valid JSON", "type": "json_invalid"}]
+        ) from None
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise RequestRefused(422, _field_errors(exc)) from None
+    except RecursionError:  # nesting deeper than the validator follows
+        raise RequestRefused(
+            422, [{"loc": ["body"], "msg": "the body is nested too deeply", "type": "too_deep"}]
+        ) from None
+
+
+def _table(rows: list[BaseModel], outputs: frozenset[str]) -> tuple[list[dict[str, Any]], pd.DataFrame, list[str]]:
+    """The rows as sent (less output fields), as a frame, and a note naming dropped output fields."""
     given = [r.model_dump(exclude_none=True) for r in rows]
-    added = [c for c in frame.columns if c not in set().union(*given)]
+    dropped = sorted({k for g in given for k in g if k in outputs})
+    if dropped:
+        given = [{k: v for k, v in g.items() if k not in outputs} for g in given]
+    frame = pd.DataFrame(given, index=range(len(given)))
+    notes = [f"input fields {', '.join(dropped)} are prediction outputs: ignored and predicted anew"] if dropped else []
+    return given, frame, notes
+
+
+def _records(given: list[dict[str, Any]], frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each request row as sent, followed by the columns prediction added (NaN as null)."""
+    sent = set().union(*given)
+    added = [c for c in frame.columns if c not in sent]
     out = frame[added].to_dict(orient="records")
     return [{**g, **{k: _json_value(v) for k, v in a.items()}} for g, a in zip(given, out, strict=True)]
 
 
-def _frame(rows: list[BaseModel]) -> pd.DataFrame:
-    return pd.DataFrame([r.model_dump(exclude_none=True) for r in rows])
+def _json_response(content: Any) -> Response:
+    return Response(json.dumps(content, allow_nan=False).encode(), media_type="application/json")
 
 
-def create_app(*, model: str | None = None) -> FastAPI:
+def _refused(exc: RequestRefused) -> JSONResponse:
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused with 413 as soon as it is known to exceed ``limit`` bytes."""
+    too_large = RequestRefused(
+        413, f"the request body exceeds {limit} bytes; split the batch, or predict a file with `perfcast predict`"
+    )
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    return bytes(body)
+
+
+def _request_body_doc(schema: type[BaseModel]) -> dict[str, Any]:
+    """OpenAPI ``requestBody`` of a route that parses ``schema`` itself."""
+    ref = {"$ref": f"#/components/schemas/{schema.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": ref}}}}
+
+
+def create_app(*, model: str | None = None, limits: ServiceLimits | None = None) -> FastAPI:
     """The service, with the op and step predictors of ``model`` loaded once.
 
     Args:
         model: ``analytic``, a bundle folder or an MLflow URI (as ``--model``); None is
             the shipped default bundle.
+        limits: what one request may ask (default :class:`ServiceLimits`).
     """
+    limits = limits or ServiceLimits()
     op_predictor = load_op_predictor(model)
     step_predictor = load_step_predictor(model)
+    model_source = ModelSource.restricted_to(limits.model_dirs)
+    workers = anyio.CapacityLimiter(limits.prediction_threads)
     app = FastAPI(
         title="perfcast",
         version=__version__,
         description="Predict op and training-step times of deep-learning workloads, with intervals.",
     )
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+                  for e in exc.errors()[:MAX_ERRORS_SHOWN]]  # fmt: skip
+        return JSONResponse({"detail": errors}, status_code=422)
+
+    async def answer(request: Request, work: Any) -> Response:
+        """Read the body within the limit, then parse and predict it in the worker pool."""
+        try:
+            raw = await _read_body(request, limits.max_body_bytes)
+            return await anyio.to_thread.run_sync(work, raw, limiter=workers)
+        except RequestRefused as exc:
+            return _refused(exc)
+
+    def check_rows(n: int) -> None:
+        if n > limits.max_rows:
+            detail = f"{n} rows exceed this service's limit of {limits.max_rows} per request; split the batch"
+            raise RequestRefused(422, [{"loc": ["body", "rows"], "msg": detail, "type": "too_long"}])
+
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
-        """Liveness, the package version and the predictors in use."""
+    async def healthz() -> dict[str, str]:
+        """Liveness, the package version and the predictors in use (answered on the event loop)."""
         return {
             "status": "ok",
             "version": __version__,
@@ -205,52 +365,81 @@ def create_app(*, model: str | None = None) -> FastAPI:
 
         return [{k: _json_value(v) for k, v in hw.model_dump().items()} for hw in list_hardware()]
 
-    @app.post("/v1/predict/ops")
-    def predict_ops(request: OpsRequest) -> PredictionResponse:
-        """Predict a batch of op-table rows."""
-        out = predict_ops_table(_frame(request.rows), predictor=op_predictor, coverage=request.coverage)
-        return PredictionResponse(
-            predictor=op_predictor.name,
-            coverage=request.coverage,
-            n_errors=int((out["error"] != "").sum()),
-            rows=_records(request.rows, out),
-        )
+    @app.get("/v1/models")
+    def models() -> list[str]:
+        """The model presets a run row's ``model`` may name."""
+        from perfcast.features.model import list_models
 
-    @app.post("/v1/predict/steps")
-    def predict_steps(request: StepsRequest) -> PredictionResponse:
-        """Predict a batch of run-table rows."""
-        out = predict_steps_table(
-            _frame(request.rows), predictor=step_predictor, coverage=request.coverage, breakdown=request.breakdown
-        )
-        return PredictionResponse(
-            predictor=step_predictor.name,
-            coverage=request.coverage,
-            n_errors=int((out["error"] != "").sum()),
-            rows=_records(request.rows, out),
-        )
+        return list_models()
 
-    @app.post("/v1/search")
-    def search(request: SearchRequest) -> SearchResponse:
-        """Rank the layouts that fit in memory by predicted step time (or cost with a price)."""
+    def ops_work(raw: bytes) -> Response:
+        request = _parse(raw, OpsRequest)
+        check_rows(len(request.rows))
+        given, frame, notes = _table(request.rows, OP_OUTPUT_NAMES)
+        out = predict_ops_table(frame, predictor=op_predictor, coverage=request.coverage)
+        return _json_response({
+            "predictor": op_predictor.name, "coverage": request.coverage,
+            "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
+        })  # fmt: skip
+
+    def steps_work(raw: bytes) -> Response:
+        request = _parse(raw, StepsRequest)
+        check_rows(len(request.rows))
+        given, frame, notes = _table(request.rows, STEP_OUTPUT_NAMES)
+        out = predict_steps_table(frame, predictor=step_predictor, coverage=request.coverage,
+                                  breakdown=request.breakdown, model_source=model_source)  # fmt: skip
+        return _json_response({
+            "predictor": step_predictor.name, "coverage": request.coverage,
+            "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
+        })  # fmt: skip
+
+    def search_work(raw: bytes) -> Response:
         from perfcast.data.schema import DType
         from perfcast.serve.search import search_layouts
 
+        request = _parse(raw, SearchRequest)
         try:
             result = search_layouts(
                 request.model, request.gpus, request.num_gpus, request.global_batch, predictor=step_predictor,
                 gpus_per_node=request.gpus_per_node, inter_node=request.inter_node, seq_len=request.seq_len,
                 dtype=DType.parse(request.dtype), price_per_gpu_hour=request.price_per_gpu_hour,
-                coverage=request.coverage,
+                coverage=request.coverage, model_source=model_source, max_layouts=limits.max_search_layouts,
             )  # fmt: skip
         except PerfcastError as exc:
-            raise HTTPException(status_code=422, detail=str(exc)) from None
+            raise RequestRefused(422, str(exc)) from None
         top = result.ranked.head(request.top)
-        return SearchResponse(
-            predictor=step_predictor.name,
-            n_layouts=result.n_layouts,
-            n_out_of_memory=result.n_out_of_memory,
-            n_ranked=len(result.ranked),
-            layouts=[{k: _json_value(v) for k, v in row.items()} for row in top.to_dict("records")],
-        )
+        return _json_response({
+            "predictor": step_predictor.name, "n_layouts": result.n_layouts,
+            "n_out_of_memory": result.n_out_of_memory, "n_ranked": len(result.ranked),
+            "layouts": [{k: _json_value(v) for k, v in row.items()} for row in top.to_dict("records")],
+        })  # fmt: skip
 
+    @app.post("/v1/predict/ops", response_model=PredictionResponse, openapi_extra=_request_body_doc(OpsRequest))
+    async def predict_ops(request: Request) -> Response:
+        """Predict a batch of op-table rows (:class:`OpsRequest`)."""
+        return await answer(request, ops_work)
+
+    @app.post("/v1/predict/steps", response_model=PredictionResponse, openapi_extra=_request_body_doc(StepsRequest))
+    async def predict_steps(request: Request) -> Response:
+        """Predict a batch of run-table rows (:class:`StepsRequest`)."""
+        return await answer(request, steps_work)
+
+    @app.post("/v1/search", response_model=SearchResponse, openapi_extra=_request_body_doc(SearchRequest))
+    async def search(request: Request) -> Response:
+        """Rank the layouts that fit in memory by predicted step time, or cost with a price (:class:`SearchRequest`)."""
+        return await answer(request, search_work)
+
+    def openapi() -> dict[str, Any]:
+        """The generated document, with the request schemas the predict routes parse themselves."""
+        if app.openapi_schema is None:
+            doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+            for schema in (OpsRequest, StepsRequest, SearchRequest):
+                found = schema.model_json_schema(ref_template="#/components/schemas/{model}")
+                schemas.update(found.pop("$defs", {}))
+                schemas[schema.__name__] = found
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
