@@ -17,7 +17,8 @@ with warnings.catch_warnings():  # starlette's test client warns about its httpx
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from perfcast.serve.api import MAX_ROWS, ServiceLimits, create_app
+from perfcast.serve.api import create_app
+from perfcast.serve.service_limits import MAX_ROWS, ServiceLimits
 
 GEMM = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb", "dtype": "bf16"}
 RUN = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "gpu": "h100-sxm5-80gb", "num_gpus": 8}
@@ -97,12 +98,13 @@ def _free_port() -> int:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_service_over_a_real_socket(workers: int) -> None:
+def test_service_over_a_real_socket(workers: int, tmp_path) -> None:
     import httpx
 
     port = _free_port()
+    (tmp_path / "tiny.json").write_text('{"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000}')
     cmd = [sys.executable, "-m", "perfcast.serve.cli", "serve", "--port", str(port), "--model", "analytic",
-           "--workers", str(workers)]  # fmt: skip
+           "--workers", str(workers), "--model-dir", str(tmp_path), "--max-body-mb", "0.01"]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -120,6 +122,9 @@ def test_service_over_a_real_socket(workers: int) -> None:
         body = httpx.post(f"{url}/v1/predict/ops", json={"rows": [GEMM, {**GEMM, "gpu": "nope-gpu"}]}).json()
         assert body["rows"][0]["pred_ms"] > 0 and "nope-gpu" in body["rows"][1]["error"]
         assert httpx.post(f"{url}/v1/predict/steps", json={"rows": [{"tp": "x", "gpu": "h100"}]}).status_code == 422
+        allowed = httpx.post(f"{url}/v1/predict/steps", json={"rows": [{"model": "tiny.json", "gpu": "h100"}]})
+        assert allowed.json()["rows"][0]["step_ms"] > 0  # the limits and folders reach every worker
+        assert httpx.post(f"{url}/v1/predict/ops", content=b" " * 20_000).status_code == 413
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -54,31 +52,11 @@ from perfcast.serve.batch import (
     predict_steps_table,
 )
 from perfcast.serve.predictors import load_op_predictor, load_step_predictor
+from perfcast.serve.service_limits import ServiceLimits
 
 __version__ = version("perfcast")
-MAX_ROWS = 100_000
-"""Default most rows one request may carry; larger sweeps belong to ``perfcast predict`` on a file."""
 MAX_ERRORS_SHOWN = 20
 """Most field errors one 422 lists (the count of all is given too)."""
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    """What one request may ask of the service.
-
-    Attributes:
-        max_body_bytes: largest request body, bytes; larger is a 413.
-        max_rows: most rows in one predict request.
-        max_search_layouts: most layouts one search may enumerate (all GPU types together).
-        prediction_threads: requests parsed and predicted at once (the rest wait their turn).
-        model_dirs: folders whose model config files a request's ``model`` may name.
-    """
-
-    max_body_bytes: int = 16 << 20
-    max_rows: int = MAX_ROWS
-    max_search_layouts: int = 20_000
-    prediction_threads: int = 2
-    model_dirs: tuple[Path, ...] = field(default_factory=tuple)
 
 
 _Scalar = str | int | float | bool | None
