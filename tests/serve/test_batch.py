@@ -294,3 +294,52 @@ def test_steps_table_equals_the_per_config_functions():
         assert out["fits_memory"].iloc[i] == memory.fits(config.cluster.gpu.mem_gib)
         assert out["mfu"].iloc[i] == pytest.approx(step.mfu, rel=1e-12)
         assert out["tokens_per_s"].iloc[i] == pytest.approx(config.tokens_per_step / step.step_ms * 1e3, rel=1e-12)
+
+
+# ------------------------------------------------------------------ hardening
+
+
+@pytest.mark.parametrize("kind", ["steps", "ops"])
+def test_a_prediction_fed_back_in_is_predicted_anew(tmp_path, kind):
+    first, second = tmp_path / "a.csv", tmp_path / "b.csv"
+    for source, target in ((None, first), (first, second)):
+        args = ["predict", kind, *([str(source)] if source else []), "-o", str(target), "--show", "0",
+                "--no-calibration"]  # fmt: skip
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+    a, b = read_table(first), read_table(second)
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    column = "step_ms" if kind == "steps" else "pred_ms"
+    np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float))
+    assert (a[ERROR_COLUMN].fillna("") == b[ERROR_COLUMN].fillna("")).all()
+
+
+def test_a_huge_value_is_one_rows_error_and_the_batch_is_answered():
+    good = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "gpu": "h100-sxm5-80gb", "num_gpus": 8}
+    rows = [good, {**good, "seq_len": 1e30}, {**good, "hidden_size": 2**40}, {**good, "vocab_size": 2**62},
+            {**good, "num_gpus": float("inf")}, {**good, "tp": 2.5}, good]  # fmt: skip
+    out = predict_steps_table(pd.DataFrame(rows))
+    errors = out[ERROR_COLUMN].tolist()
+    assert errors[0] == errors[-1] == "" and out["step_ms"].iloc[0] == out["step_ms"].iloc[-1] > 0
+    for error, field in zip(errors[1:-1], ["seq_len", "hidden_size", "vocab_size", "num_gpus", "tp"], strict=True):
+        assert error.startswith(f"{field}=") and "allowed" in error
+
+
+def test_op_rows_with_impossible_sizes_or_flags_are_refused_and_no_time_is_negative_or_infinite():
+    gemm = {"op": "matmul", "m": 64, "n": 64, "k": 64, "gpu": "h100-sxm5-80gb", "dtype": "bf16"}
+    attention = {"op": "attention", "batch": 1, "heads": 8, "seq_q": 128, "seq_kv": 128, "head_dim": 64,
+                 "gpu": "h100-sxm5-80gb"}  # fmt: skip
+    allreduce = {"op": "allreduce", "bytes": 1e6, "n_ranks": 8, "ranks_per_node": 8, "gpu": "h100-sxm5-80gb"}
+    rows = [
+        {**gemm, "m": -3}, {**gemm, "m": 0}, {**gemm, "m": 2.5}, {**gemm, "batch": "abc"},
+        {"op": "gelu", "rows": 1e300, "cols": 1e300, "gpu": "h100-sxm5-80gb"},
+        {**attention, "kv_heads": 0}, {**attention, "kv_heads": -8}, {**attention, "kv_heads": 7},
+        {**attention, "causal": "sometimes"}, {**allreduce, "ranks_per_node": "x"},
+        gemm, attention, allreduce,
+    ]  # fmt: skip
+    for predictor in (None, analytic.AnalyticOpPredictor()):
+        out = predict_ops_table(pd.DataFrame(rows), predictor=predictor)
+        errors = out[ERROR_COLUMN].tolist()
+        assert all(errors[:10]) and errors[10:] == ["", "", ""], errors
+        assert (out["pred_ms"].iloc[10:] > 0).all() and np.isfinite(out["pred_ms"].iloc[10:]).all()
+    assert "kv_heads=7 does not divide heads=8" in errors[7]
