@@ -1,17 +1,33 @@
-"""Reading and writing the op and run tables (CSV, gzip CSV, Parquet).
+"""Reading and writing the op and run tables (CSV, gzip CSV, Parquet), and perfcast's temporary files.
 
 This module knows the column names of the interface tables (DESIGN.md,
 "Interfaces") and the file formats; it knows nothing about what a GPU is.
 Times in these tables are milliseconds (``_ms`` columns).
+
+Every write of perfcast (tables, datasets, bundles) goes to a temporary sibling of its
+target named ``.<NAME>.perfcast-<pid>-<hex>.tmp<suffix>`` (:func:`temp_path`), moved into
+place when complete. :func:`terminate_as_exit` turns SIGTERM into ``SystemExit`` while a
+write runs, so the writer's cleanup removes the temporary file on SIGINT and SIGTERM alike;
+:func:`sweep_stale_temps` removes those a killed process (SIGKILL, power loss) left behind,
+on the next write to the same folder.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
+import re
+import shutil
+import signal
+import socket
+import threading
 import uuid
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from types import FrameType
 
 import pandas as pd
 
@@ -123,6 +139,25 @@ def table_format(path: Path) -> str:
     raise DatasetError(f"unsupported table file {str(path)!r}: the name must end with one of {allowed}")
 
 
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What pandas, gzip and pyarrow raise for a damaged or truncated table file.
+
+    Meant for ``except read_errors():`` (evaluated only when an exception is matched, so
+    pyarrow is imported only then).
+    """
+    import pyarrow as pa
+
+    return (
+        OSError,  # also gzip.BadGzipFile and pyarrow's ArrowIOError
+        ValueError,  # also pandas' EmptyDataError and pyarrow.ArrowInvalid
+        EOFError,  # a truncated .gz
+        zlib.error,
+        UnicodeDecodeError,
+        pd.errors.ParserError,
+        pa.ArrowException,  # a damaged Parquet footer, page or schema
+    )
+
+
 def read_table(path: str | Path) -> pd.DataFrame:
     """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) table.
 
@@ -146,9 +181,29 @@ def read_table(path: str | Path) -> pd.DataFrame:
         if fmt == "csv":
             return pd.read_csv(path)
         return pd.read_parquet(path)
-    except (OSError, ValueError, UnicodeDecodeError, pd.errors.ParserError) as exc:
-        # pyarrow.ArrowInvalid and pandas' EmptyDataError derive from ValueError
-        raise DatasetError(f"cannot parse {fmt} table {path}: {exc}") from exc
+    except read_errors() as exc:
+        raise DatasetError(f"cannot parse {fmt} table {path}: {_reason(exc)}") from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """One line saying why a read failed (an EOFError's message alone is cryptic)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, EOFError):
+        return f"the file is truncated ({text})"
+    return text
+
+
+def check_output_path(path: Path) -> None:
+    """Refuse an output path that names a folder (or a file inside a non-folder).
+
+    Raises:
+        DatasetError: ``path`` is an existing folder, or its parent exists and is not a folder.
+    """
+    if path.is_dir():
+        raise DatasetError(f"output {path} is a folder; name a file ending in {', '.join(SUPPORTED_SUFFIXES)}")
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise DatasetError(f"output {path}: {parent} is not a folder")
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
@@ -170,19 +225,21 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     """
     path = Path(path)
     fmt = table_format(path)
-    suffix = ".csv.gz" if path.name.lower().endswith(".csv.gz") else path.suffix
+    check_output_path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise DatasetError(f"cannot create directory {path.parent}: {exc}") from exc
+    sweep_stale_temps(path.parent)
     # the temporary name keeps the suffix so pandas infers gzip compression for .csv.gz
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp{suffix}")
+    tmp = temp_path(path, table_suffix(path))
     try:
-        if fmt == "csv":
-            df.to_csv(tmp, index=False)
-        else:
-            df.to_parquet(tmp, index=False)
-        os.replace(tmp, path)
+        with terminate_as_exit():
+            if fmt == "csv":
+                df.to_csv(tmp, index=False)
+            else:
+                df.to_parquet(tmp, index=False)
+            os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
@@ -191,3 +248,97 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
         raise
     logger.debug("wrote %d rows to %s", len(df), path)
     return path
+
+
+def table_suffix(path: Path) -> str:
+    """The format suffix of a table file name (``.csv.gz`` counts as one), kept by its temporary files."""
+    return ".csv.gz" if path.name.lower().endswith(".csv.gz") else path.suffix
+
+
+# ----------------------------------------------------------------------------- temporary files
+
+_HOST_TAG = hashlib.sha256(socket.gethostname().encode()).hexdigest()[:8]
+_TEMP_NAME = re.compile(r"^\.(?P<name>.+)\.perfcast-(?P<pid>\d+)-(?P<host>[0-9a-f]{8})[0-9a-f]{8}\.(?P<kind>tmp|old)")
+
+
+def temp_path(target: Path, suffix: str = "", *, kind: str = "tmp") -> Path:
+    """A fresh temporary sibling of ``target``: ``.<NAME>.perfcast-<pid>-<hex>.<kind><suffix>``.
+
+    ``kind`` is ``tmp`` (a write in progress) or ``old`` (a previous version being swapped
+    out, restored by :func:`sweep_stale_temps` if its process died before replacing it).
+    """
+    if kind not in ("tmp", "old"):
+        raise ValueError(f"kind={kind!r}; allowed: tmp, old")
+    tag = f"{os.getpid()}-{_HOST_TAG}{uuid.uuid4().hex[:8]}"
+    return target.with_name(f".{target.name}.perfcast-{tag}.{kind}{suffix}")
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # no permission to signal it: it exists
+        return True
+    return True
+
+
+def sweep_stale_temps(folder: Path) -> list[Path]:
+    """Remove the temporary files and folders (:func:`temp_path`) that dead processes left in ``folder``.
+
+    Only names of this pattern written on this host by a process that no longer runs are
+    touched. A swapped-out previous version (``.old``) whose target is missing is renamed
+    back to the target instead of removed. Returns the paths removed or restored; failures
+    are logged, never raised.
+    """
+    done: list[Path] = []
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return done
+    for entry in entries:
+        match = _TEMP_NAME.match(entry.name)
+        if not match or match["host"] != _HOST_TAG or _process_alive(int(match["pid"])):
+            continue
+        try:
+            target = folder / match["name"]
+            if match["kind"] == "old" and not target.exists():
+                os.rename(entry, target)
+                logger.warning("restored %s from %s, left by a perfcast process that was killed", target, entry.name)
+            elif entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+                logger.info("removed %s, left by a perfcast process that was killed", entry)
+            else:
+                entry.unlink()
+                logger.info("removed %s, left by a perfcast process that was killed", entry)
+            done.append(entry)
+        except OSError as exc:
+            logger.warning("cannot remove stale temporary %s: %s", entry, exc)
+    return done
+
+
+def _exit_on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def terminate_as_exit() -> Iterator[None]:
+    """While the block runs, SIGTERM raises ``SystemExit(143)`` so ``finally`` and ``__exit__`` cleanups run.
+
+    Installed only in the main thread and only over the default handler (a handler the
+    application set stays); the previous handler is restored when the block exits.
+    """
+    installed = False
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, _exit_on_sigterm)
+                installed = True
+    try:
+        yield
+    finally:
+        if installed:
+            with contextlib.suppress(ValueError, OSError):
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
