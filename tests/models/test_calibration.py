@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.models.calibration import (
+    CALIBRATION_COLUMN,
     MIN_OPS_FOR_SLOPES,
     MIN_OPS_FOR_SPREAD,
     MIN_OPS_FOR_TREES,
@@ -19,9 +21,11 @@ from perfcast.models.calibration import (
     conformal_bounds,
     fit_correction,
     load_corrections,
+    predictor_identity,
     save_correction,
     shrunk_shift,
 )
+from perfcast.models.step_predictor import StepPredictor
 
 
 class _Flat:
@@ -45,12 +49,12 @@ def test_shift_recovers_a_constant_factor_and_shrinks_few_ops() -> None:
 def test_corrections_apply_only_to_their_gpu_and_class(tmp_path: Path) -> None:
     ops = pd.concat([_ops(30), _ops(3, "add")], ignore_index=True)
     measured = np.r_[np.full(30, 1.5), np.full(3, 0.5)]
-    corr = fit_correction("h100-sxm5-80gb", ops, measured, np.ones(len(ops)), model="flat")
+    corr = fit_correction("h100-sxm5-80gb", ops, measured, np.ones(len(ops)), model="flat", predictor="flat")
     assert corr.n_ops == {"gemm": 30, "vector": 3}
     assert set(corr.spread) == {"gemm"}  # enough ops for an empirical interval only there
 
     save_correction(corr, tmp_path)
-    loaded = load_corrections(tmp_path)
+    loaded = load_corrections(tmp_path, predictor_identity(_Flat()))
     assert loaded["h100-sxm5-80gb"] == corr
 
     predictor = CalibratedPredictor(_Flat(), loaded)
@@ -61,6 +65,9 @@ def test_corrections_apply_only_to_their_gpu_and_class(tmp_path: Path) -> None:
     np.testing.assert_array_equal(pred[4:], [1.0, 1.0])  # another GPU: untouched
     assert (lo <= pred).all() and (pred <= hi).all()
     assert hi[2] == pytest.approx(1.25 * pred[2])  # few ops: the model's interval, shifted
+    applied = predictor.applied_calibrations(query)
+    assert applied.dtype == object and applied.tolist() == [corr.label] * 4 + ["", ""]
+    assert corr.label.startswith("h100-sxm5-80gb@") and CALIBRATION_COLUMN == "calibration"
 
 
 def test_bad_inputs() -> None:
@@ -69,7 +76,7 @@ def test_bad_inputs() -> None:
     with pytest.raises(BundleError, match="not a perfcast GPU correction"):
         GpuCorrection.from_json('{"gpu": "t4"}')
     assert MIN_OPS_FOR_SPREAD > 5
-    assert load_corrections("/nonexistent/perfcast") == {}
+    assert load_corrections("/nonexistent/perfcast", "flat") == {}
 
 
 def _gemms(dims: np.ndarray, gpu: str = "t4") -> pd.DataFrame:
@@ -161,3 +168,122 @@ def test_conformal_bounds_use_finite_sample_ranks() -> None:
     big = np.arange(1.0, 201.0)
     assert conformal_bounds(big, 0.9) == (10.0, 191.0)  # ranks floor(201*0.05), ceil(201*0.95)
     assert conformal_bounds(big, 0.5) == (50.0, 151.0)
+
+
+class _Other(_Flat):
+    name = "other"
+
+
+class _Bundle(_Flat):
+    name = "bundle:mine"
+
+    def __init__(self, manifest: dict) -> None:
+        self.manifest = manifest
+
+
+def test_predictor_identity_names_the_predictor_and_hashes_its_manifest() -> None:
+    assert predictor_identity(_Flat()) == "flat"
+    one, two = _Bundle({"created_utc": "a", "models": {}}), _Bundle({"created_utc": "b", "models": {}})
+    assert (
+        predictor_identity(one).startswith("bundle:mine@") and len(predictor_identity(one)) == len("bundle:mine@") + 12
+    )
+    assert predictor_identity(one) != predictor_identity(two)  # a retrained bundle is another predictor
+    assert predictor_identity(one) == predictor_identity(_Bundle({"models": {}, "created_utc": "a"}))
+    steps = StepPredictor(one, name="composed:bundle:mine")
+    assert predictor_identity(steps) == "composed:bundle:mine@" + predictor_identity(one).split("@")[1]
+    assert predictor_identity(StepPredictor.analytic()) == "analytic"
+    assert predictor_identity(CalibratedPredictor(one, {})) == predictor_identity(one)
+
+
+def test_a_correction_fitted_for_another_predictor_is_not_applied(tmp_path: Path, caplog) -> None:
+    corr = fit_correction("t4", _ops(5), np.full(5, 2.0), np.ones(5), model="flat", predictor="flat")
+    path = save_correction(corr, tmp_path)
+    assert path.name == "t4--flat.json"
+    other = fit_correction("t4", _ops(5), np.full(5, 4.0), np.ones(5), model="other", predictor="other")
+    save_correction(other, tmp_path)  # both predictors' corrections of one GPU are kept
+    assert load_corrections(tmp_path, "flat") == {"t4": corr}
+    assert load_corrections(tmp_path, "other") == {"t4": other}
+
+    calibrated = CalibratedPredictor(_Other(), {"t4": corr})
+    assert calibrated.corrections == {} and calibrated.name == "other"
+    pred, _, _ = calibrated.predict_ops(_ops(2, gpu="t4"))
+    np.testing.assert_array_equal(pred, [1.0, 1.0])
+    assert calibrated.applied_calibrations(_ops(2, gpu="t4")).tolist() == ["", ""]
+    with caplog.at_level(logging.INFO, logger="perfcast"):
+        assert load_corrections(tmp_path, "third") == {}
+        load_corrections(tmp_path, "third")
+    messages = [r.getMessage() for r in caplog.records if "not applied" in r.getMessage()]
+    assert len(messages) == 2 and all("third" in m for m in messages)  # once per file, not per load
+
+
+def test_a_file_without_predictor_key_is_read_but_never_applied(tmp_path: Path, caplog) -> None:
+    v4 = {"schema_version": 4, "gpu": "t4", "shifts": {"gemm": 0.5}, "n_ops": {"gemm": 3}, "spread": {},
+          "model": "bundle:default_bundle", "created_utc": "2025-01-01", "residual": {}, "trees": {}}  # fmt: skip
+    (tmp_path / "t4.json").write_text(json.dumps(v4))
+    with caplog.at_level(logging.WARNING, logger="perfcast"):
+        assert load_corrections(tmp_path, "bundle:default_bundle@abc") == {}
+    assert any("names no predictor" in r.getMessage() and "t4.json" in r.getMessage() for r in caplog.records)
+    assert GpuCorrection.from_json(json.dumps(v4)).shifts == {"gemm": 0.5}
+
+
+def test_implausible_and_outlying_measurements_are_named_and_left_out() -> None:
+    measured = np.r_[np.full(8, 2.0), 1e-300, 2.0 * 40, np.inf]
+    corr = fit_correction("t4", _ops(11), measured, np.ones(11), predictor="flat",
+                          labels=[f"op {i}" for i in range(11)])  # fmt: skip
+    assert corr.n_ops == {"gemm": 8}
+    assert corr.shifts["gemm"] == pytest.approx(shrunk_shift(np.log(np.full(8, 2.0))))
+    assert len(corr.excluded) == 3
+    assert "op 8: measured_ms=1e-300" in corr.excluded[0]
+    assert "op 10: measured_ms=inf" in corr.excluded[1]
+    assert corr.excluded[2].startswith("op 9: outlier")
+    with pytest.raises(SpecError, match=r"no usable measured ops to calibrate t4: row 0: measured_ms=0"):
+        fit_correction("t4", _ops(2), np.array([0.0, 5000.0]), np.ones(2), predictor="flat")
+
+
+def _stored(**change) -> str:
+    base = json.loads(fit_correction("t4", _gemms(np.full((12, 3), 64) * np.arange(1, 13)[:, None]),
+                                     np.full(12, 2.0), np.ones(12), predictor="flat").to_json())  # fmt: skip
+    for path, value in change.items():
+        *parents, last = path.split("__")
+        node = base
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return json.dumps(base)
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"shifts__gemm": float("nan")}, "shifts.gemm"),
+        ({"shifts__gemm": "0.1"}, "shifts.gemm"),
+        ({"shifts__gemm": 50.0}, "shifts.gemm"),
+        ({"n_ops__gemm": -3}, "n_ops.gemm"),
+        ({"gpu": ""}, "gpu"),
+        ({"predictor": 7}, "predictor"),
+        ({"spread__gemm": [0.3, 0.1]}, "spread.gemm"),
+        ({"residual__gemm__length_scale": -1.0}, "residual.gemm.length_scale"),
+        ({"residual__gemm__alpha": [float("inf")] * 12}, "residual.gemm.alpha[0]"),
+        ({"residual__gemm__x": [[1.0]] * 12}, "residual.gemm.x[0]"),
+        ({"residual__gemm__trend_slopes": [0.1]}, "residual.gemm.trend_slopes"),
+        ({"trees": {"gemm": {"kinds": ["matmul"], "booster": "not a model"}}}, "trees.gemm.booster"),
+        ({"surprise": 1}, "unknown field"),
+    ],
+)
+def test_a_stored_correction_with_a_bad_field_is_refused_naming_file_and_field(change, field) -> None:
+    assert GpuCorrection.from_json(_stored()).shifts  # the unchanged one loads
+    with pytest.raises(BundleError, match="^/cal/t4.json: ") as err:
+        GpuCorrection.from_json(_stored(**change), where="/cal/t4.json")
+    assert field in str(err.value)
+
+
+def test_corrupt_files_in_the_store_are_refused(tmp_path: Path) -> None:
+    (tmp_path / "t4--flat.json").write_text("{")
+    with pytest.raises(BundleError, match="t4--flat.json: invalid JSON"):
+        load_corrections(tmp_path, "flat")
+    (tmp_path / "t4--flat.json").write_text("[1, 2]")
+    with pytest.raises(BundleError, match="not a JSON object"):
+        load_corrections(tmp_path, "flat")
+    (tmp_path / "t4--flat.json").write_bytes(b"\xff\xfe")
+    with pytest.raises(BundleError, match="cannot read"):
+        load_corrections(tmp_path, "flat")

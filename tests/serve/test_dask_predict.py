@@ -63,3 +63,21 @@ def test_unknown_kind_and_file_type_are_named(tmp_path: Path) -> None:
 def test_unreachable_scheduler_is_named() -> None:
     with pytest.raises(SpecError, match="tcp://127.0.0.1:9"), dask_client("tcp://127.0.0.1:9", timeout_s=1):
         pass
+
+
+def test_partitions_read_the_calibration_folder_they_are_given(tmp_path: Path) -> None:
+    from perfcast.features.run_config import parse_run_row
+    from perfcast.models.step_calibration import config_cluster_key, fit_step_correction, save_step_correction
+    from perfcast.serve.dask_predict import predict_partition
+
+    runs = pd.DataFrame([{"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 8},
+                         {"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "global_batch": 8}])  # fmt: skip
+    raw = predict_partition(runs, "steps", "analytic", 0.9, False, False)
+    key = config_cluster_key(parse_run_row(runs.iloc[0].to_dict()))
+    corr = fit_step_correction(key, np.array([3.0]), np.array([1.0]), predictor="analytic")
+    save_step_correction(corr, tmp_path / "steps")
+    calibrated = predict_partition(runs, "steps", "analytic", 0.9, True, False, str(tmp_path))
+    expected = raw["step_ms"].to_numpy() * [corr.factor, 1.0]
+    np.testing.assert_allclose(calibrated["step_ms"].to_numpy(), expected)
+    unread = predict_partition(runs, "steps", "analytic", 0.9, True, False, str(tmp_path / "other"))
+    np.testing.assert_allclose(unread["step_ms"].to_numpy(), raw["step_ms"].to_numpy())

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from perfcast.errors import BundleError, OutOfDomainWarning
+from perfcast.errors import BundleError, OutOfDomainWarning, SpecError
 from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.bundle import OpPredictorBundle
+from perfcast.models.calibration import fit_correction, save_correction
 from perfcast.serve.batch import OUT_OF_DOMAIN_COLUMN, predict_ops_table
-from perfcast.serve.predictors import default_bundle_path, load_op_predictor
+from perfcast.serve.calibration_store import CALIBRATION_ENV
+from perfcast.serve.predictors import (
+    default_bundle_path,
+    load_calibrated_predictor,
+    load_op_predictor,
+    with_calibrations,
+)
 
 OPS = pd.DataFrame(
     {
@@ -66,3 +75,42 @@ def test_analytic_and_bad_references(tmp_path: Path) -> None:
         load_op_predictor(str(tmp_path / "missing"))
     with pytest.raises(BundleError):
         load_op_predictor(str(tmp_path))  # a folder without a manifest
+
+
+def test_the_loader_sits_below_the_cli_commands() -> None:
+    code = (
+        "import sys, perfcast.serve.predictors, perfcast.serve.pyfunc_model, perfcast.serve.dask_predict; "
+        "print(sorted(m for m in sys.modules if m.startswith('perfcast.serve.calibrate')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_load_calibrated_predictor_reads_the_store_only_when_asked(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path))
+    with pytest.raises(SpecError, match="kind='op' unknown; allowed: ops, steps"):
+        load_calibrated_predictor("op", "analytic")
+    assert isinstance(load_calibrated_predictor("ops", "analytic"), AnalyticOpPredictor)  # nothing stored
+    (tmp_path / "steps").mkdir()
+    for folder in (tmp_path, tmp_path / "steps"):
+        (folder / "bad--analytic.json").write_text('{"schema_version": 2, "cluster": "x", "shift": Infinity}')
+    assert isinstance(load_calibrated_predictor("ops", "analytic", calibration=False), AnalyticOpPredictor)
+    assert load_calibrated_predictor("steps", "analytic", calibration=False).name == "analytic"
+    with pytest.raises(BundleError, match="bad--analytic.json"):
+        load_calibrated_predictor("ops", "analytic")
+    with pytest.raises(BundleError, match="bad--analytic.json: field 'n_runs' is missing"):
+        load_calibrated_predictor("steps", "analytic")
+
+
+def test_with_calibrations_applies_only_the_predictors_own(tmp_path: Path) -> None:
+    ops = OPS.iloc[:2]
+    analytic = AnalyticOpPredictor()
+    pred = analytic.predict_ops(ops)[0]
+    corr = fit_correction("a100-sxm4-80gb", ops, 2.0 * pred, pred, model="analytic", predictor="analytic")
+    save_correction(corr, tmp_path)
+    calibrated = with_calibrations(analytic, "ops", folder=tmp_path)
+    assert calibrated.name == "analytic+calibrated"
+    assert calibrated.applied_calibrations(OPS).tolist() == [corr.label, corr.label, "", ""]
+    assert (calibrated.predict_ops(ops)[0] > pred).all()
+    assert with_calibrations(analytic, "ops", calibration=False, folder=tmp_path) is analytic
+    assert with_calibrations(analytic, "ops", folder=tmp_path / "elsewhere") is analytic

@@ -33,34 +33,81 @@ estimate both, per op class:
   GPU is no longer unseen), read at split-conformal ranks (:func:`conformal_bounds`),
   otherwise the model's own interval is scaled along.
 
+Before fitting, the measurements are screened
+(:func:`~perfcast.models.correction_store.screen_measurements`): a row whose measured time is
+not a positive finite number, or lies more than :data:`MAX_OP_RATIO` times off the prediction
+either way, is refused, and a row whose log ratio lies more than ``log 3`` (or three robust
+deviations, when the class is wider) from its class's median is left out as an outlier; each
+is named in ``excluded``.
+
+A correction is keyed by the predictor it was fitted for (:func:`predictor_identity`: the
+predictor's name plus a hash of its bundle manifest) and applies to that predictor only. A
+file written before this key existed (schema versions 1 to 4) is read but never applied: it
+is logged once, with a request to re-run ``perfcast calibrate``, since nothing says which
+predictor's errors it corrects. Loading checks every field (:meth:`GpuCorrection.from_json`)
+and refuses a file with a non-finite or nonsensical value, naming the file and the field.
+
 A :class:`GpuCorrection` is a JSON file (a few KB; some 600 KB with a GP and trees over
-700 ops); :class:`CalibratedPredictor` applies the corrections of the GPUs it has to any op
-predictor.
+700 ops); :class:`CalibratedPredictor` applies the corrections of the GPUs it has to the op
+predictor they were fitted for, and says which correction each row got
+(:meth:`CalibratedPredictor.applied_calibrations`, :data:`CALIBRATION_COLUMN`).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import logging
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.ops import op_classes, op_flops, op_kinds, op_memory_bytes
+from perfcast.models.correction_store import (
+    CALIBRATION_COLUMN,
+    FieldCheck,
+    applicable,
+    corrections_for,
+    json_object,
+    predictor_identity,
+    read_json_files,
+    screen_measurements,
+    store_stem,
+    summarize_reasons,
+    write_json_atomic,
+)
 
-T = TypeVar("T")
+__all__ = [
+    "CALIBRATION_COLUMN",
+    "CalibratedPredictor",
+    "GpuCorrection",
+    "conformal_bounds",
+    "fit_correction",
+    "load_corrections",
+    "predictor_identity",
+    "read_json_files",
+    "save_correction",
+    "screen_measurements",
+    "write_json_atomic",
+]
+
+logger = logging.getLogger(__name__)
 
 SHRINK_OPS = 2.0
 MIN_OPS_FOR_SPREAD = 20
-SCHEMA_VERSION = 4
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)  # 1: shift only; 2: GP over log dims, no trend; 3: no trees
+SCHEMA_VERSION = 5
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)  # 1: shift only; 2: GP, no trend; 3: no trees; 4: no predictor key
+MAX_OP_RATIO = 1000.0
+"""Largest measured/predicted ratio of an op (either way) a fit accepts: a roofline estimate
+of a tiny op is a lower bound that launch overhead exceeds by two orders of magnitude."""
 
 RESIDUAL_DIMS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -106,7 +153,13 @@ GP_CHUNK_ROWS = 8192
 
 @dataclass(frozen=True)
 class GpuCorrection:
-    """Log-shift (and optionally the residual spread) per op class for one GPU."""
+    """Log-shift (and optionally the residual spread) per op class for one GPU.
+
+    ``predictor`` is the :func:`predictor_identity` of the op predictor it was fitted for
+    ("" in files written before the key existed: such a correction is never applied);
+    ``model`` that predictor's display name; ``excluded`` the measured rows left out of the
+    fit, each with its reason.
+    """
 
     gpu: str
     shifts: dict[str, float]
@@ -116,24 +169,61 @@ class GpuCorrection:
     created_utc: str = ""
     residual: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> GP points (see module doc)
     trees: dict[str, dict[str, Any]] = field(default_factory=dict)  # class -> {"kinds", "booster": XGBoost JSON}
+    predictor: str = ""
+    excluded: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        """How output rows name this correction: ``<gpu>@<created_utc>``."""
+        return f"{self.gpu}@{self.created_utc}" if self.created_utc else self.gpu
 
     def to_json(self) -> str:
         """JSON text of the correction (``schema_version`` :data:`SCHEMA_VERSION`)."""
-        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2) + "\n"
+        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2, allow_nan=False) + "\n"
 
     @classmethod
     def from_json(cls, text: str, *, where: str = "calibration") -> GpuCorrection:
-        """Read a correction written by :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"{where}: invalid JSON: {exc}") from None
-        if not isinstance(data, dict) or data.pop("schema_version", None) not in READABLE_SCHEMA_VERSIONS:
-            raise BundleError(f"{where}: not a perfcast GPU correction (schema_version {SCHEMA_VERSION})")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise BundleError(f"{where}: {exc}") from None
+        """Read and check a correction written by :meth:`to_json` (any readable schema version).
+
+        Raises:
+            BundleError: invalid JSON, another schema, or a field of the wrong type or with a
+                non-finite or nonsensical value (named with ``where``, the file).
+        """
+        data = json_object(text, where)
+        if data.pop("schema_version", None) not in READABLE_SCHEMA_VERSIONS:
+            versions = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
+            raise BundleError(f"{where}: not a perfcast GPU correction (schema_version one of {versions})")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BundleError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        for name in ("gpu", "shifts", "n_ops"):
+            if name not in data:
+                raise BundleError(f"{where}: field {name!r} is missing")
+        check = FieldCheck(where)
+        check.text(data["gpu"], "gpu", nonempty=True)
+        bound = math.log(MAX_OP_RATIO)
+        for cls_name, shift in check.mapping(data["shifts"], "shifts").items():
+            check.number(shift, f"shifts.{cls_name}", lo=-bound, hi=bound)
+        n_ops = check.mapping(data["n_ops"], "n_ops")
+        for cls_name, n in n_ops.items():
+            check.count(n, f"n_ops.{cls_name}")
+        for cls_name in data["shifts"]:
+            if cls_name not in n_ops:
+                raise BundleError(f"{where}: field 'n_ops' has no count for class {cls_name!r} of 'shifts'")
+        for cls_name, values in check.mapping(data.get("spread", {}), "spread").items():
+            values = check.numbers(values, f"spread.{cls_name}", nonempty=True)
+            if any(b < a for a, b in zip(values, values[1:], strict=False)):
+                raise BundleError(f"{where}: field 'spread.{cls_name}' is not sorted ascending (negative widths)")
+        for name in ("model", "created_utc", "predictor"):
+            check.text(data.get(name, ""), name)
+        for i, reason in enumerate(check.sequence(data.get("excluded", []), "excluded")):
+            check.text(reason, f"excluded[{i}]")
+        for cls_name, gp in check.mapping(data.get("residual", {}), "residual").items():
+            _check_gp(check, check.mapping(gp, f"residual.{cls_name}"), f"residual.{cls_name}")
+        for cls_name, trees in check.mapping(data.get("trees", {}), "trees").items():
+            _check_trees(check, check.mapping(trees, f"trees.{cls_name}"), f"trees.{cls_name}")
+        return cls(**data)
 
     def log_factors(self, ops: pd.DataFrame) -> np.ndarray:
         """Log of the correction factor of each row of ``ops`` (0 for classes it has no shift for).
@@ -380,14 +470,39 @@ def _cross_fitted_residuals(ops: pd.DataFrame, cls: str, kinds: np.ndarray, r: n
 
 
 def fit_correction(
-    gpu: str, ops: pd.DataFrame, measured_ms: np.ndarray, predicted_ms: np.ndarray, *, model: str = ""
+    gpu: str,
+    ops: pd.DataFrame,
+    measured_ms: np.ndarray,
+    predicted_ms: np.ndarray,
+    *,
+    model: str = "",
+    predictor: str = "",
+    labels: Sequence[str] | None = None,
 ) -> GpuCorrection:
-    """Fit the correction of ``gpu`` from measured ops and the model's predictions of them."""
+    """Fit the correction of ``gpu`` from measured ops and the model's predictions of them, ms.
+
+    Args:
+        model: display name of the op predictor.
+        predictor: its :func:`predictor_identity`, the key the correction applies under.
+        labels: how reasons name each row (default ``row <position>``).
+
+    Raises:
+        SpecError: no row survives :func:`screen_measurements` (the reasons are named).
+    """
     measured = np.asarray(measured_ms, dtype=float)
     predicted = np.asarray(predicted_ms, dtype=float)
-    ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
+    if measured.shape != predicted.shape or len(measured) != len(ops):
+        raise SpecError(
+            f"measured_ms has {measured.shape} values, predicted_ms {predicted.shape} and ops {len(ops)} rows"
+        )
+    classes_all = op_classes(op_kinds(ops)) if len(ops) else np.array([], dtype=object)
+    ok, excluded = screen_measurements(
+        measured, predicted, labels, max_ratio=MAX_OP_RATIO, field_name="measured_ms", groups=classes_all
+    )
     if not ok.any():
-        raise SpecError(f"no usable measured ops to calibrate {gpu}: need positive measured and predicted times")
+        raise SpecError(f"no usable measured ops to calibrate {gpu}: {summarize_reasons(excluded)}")
+    if excluded:
+        logger.info("calibration of %s leaves out %d measured ops: %s", gpu, len(excluded), summarize_reasons(excluded))
     used = ops.loc[ok]
     kinds = op_kinds(used)
     classes = op_classes(kinds)
@@ -415,16 +530,26 @@ def fit_correction(
         created_utc=created,
         residual=gps,
         trees=trees,
+        predictor=predictor,
+        excluded=excluded,
     )
 
 
 class CalibratedPredictor:
-    """An op predictor with per-GPU corrections applied to the rows of those GPUs."""
+    """An op predictor with per-GPU corrections applied to the rows of those GPUs.
 
-    def __init__(self, base: Any, corrections: Mapping[str, GpuCorrection]) -> None:
+    Only corrections fitted for ``base`` (:func:`predictor_identity`) are kept; the others
+    are logged once and ignored.
+    """
+
+    def __init__(
+        self, base: Any, corrections: Mapping[str, GpuCorrection], *, where: str = "the given corrections"
+    ) -> None:
         self.base = base
-        self.corrections = dict(corrections)
-        self.name = f"{getattr(base, 'name', 'model')}+calibrated"
+        self.identity = predictor_identity(base)
+        self.corrections = applicable(corrections, self.identity, where, "op")
+        base_name = getattr(base, "name", "model")
+        self.name = f"{base_name}+calibrated" if self.corrections else str(base_name)
 
     def out_of_domain(self, ops: pd.DataFrame) -> np.ndarray:
         """The base predictor's out-of-domain flags (all False when it has none)."""
@@ -443,32 +568,82 @@ class CalibratedPredictor:
                 pred[on], lo[on], hi[on] = corr.correct(ops.iloc[on], pred[on], lo[on], hi[on], coverage=coverage)
         return pred, lo, hi
 
-
-def write_json_atomic(text: str, directory: str | Path, stem: str) -> Path:
-    """Write ``<directory>/<stem>.json`` through a temporary file (replacing an older one)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{stem}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
-    return path
-
-
-def read_json_files(directory: str | Path, parse: Callable[[str, str], T]) -> list[T]:
-    """``parse(text, path)`` of every ``*.json`` in ``directory``, by name (none when it does not exist)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    return [parse(path.read_text(encoding="utf-8"), str(path)) for path in sorted(directory.glob("*.json"))]
+    def applied_calibrations(self, ops: pd.DataFrame) -> np.ndarray:
+        """Per row of ``ops`` (as passed to :meth:`predict_ops`), the :attr:`GpuCorrection.label`
+        of the correction that changed it, "" where none did (dtype object)."""
+        out = np.full(len(ops), "", dtype=object)
+        if not self.corrections or not len(ops):
+            return out
+        gpus = ops["gpu"].astype(str).to_numpy()
+        classes = op_classes(op_kinds(ops))
+        for gpu, corr in self.corrections.items():
+            out[(gpus == gpu) & np.isin(classes, list(corr.shifts))] = corr.label
+        return out
 
 
 def save_correction(correction: GpuCorrection, directory: str | Path) -> Path:
-    """Write ``<directory>/<gpu>.json`` (replacing an older correction of that GPU)."""
-    return write_json_atomic(correction.to_json(), directory, correction.gpu)
+    """Write ``<directory>/<gpu>--<predictor>.json`` (replacing an older correction of that GPU
+    and predictor; those of other predictors stay).
+
+    Raises:
+        SpecError: the correction names no predictor (it would never be applied).
+    """
+    if not correction.predictor:
+        raise SpecError(f"the correction of {correction.gpu} names no predictor; fit it with predictor=...")
+    return write_json_atomic(correction.to_json(), directory, store_stem(correction.gpu, correction.predictor))
 
 
-def load_corrections(directory: str | Path) -> dict[str, GpuCorrection]:
-    """Every correction stored in ``directory`` (none when it does not exist), keyed by GPU id."""
-    parsed = read_json_files(directory, lambda text, where: GpuCorrection.from_json(text, where=where))
-    return {corr.gpu: corr for corr in parsed}
+def load_corrections(directory: str | Path, predictor: str) -> dict[str, GpuCorrection]:
+    """The corrections in ``directory`` fitted for ``predictor`` (a :func:`predictor_identity`),
+    keyed by GPU id; none when the folder does not exist. Every file is checked; the
+    corrections of other predictors are logged once (:func:`applicable`).
+
+    Raises:
+        BundleError: a file that is not a valid correction (see :meth:`GpuCorrection.from_json`),
+            or two for one GPU and predictor.
+    """
+    parsed = read_json_files(directory, lambda text, where: (where, GpuCorrection.from_json(text, where=where)))
+    return corrections_for(parsed, lambda corr: corr.gpu, predictor, str(directory), "op")
+
+
+def _check_gp(check: FieldCheck, gp: dict[str, Any], name: str) -> None:
+    """Check the JSON form of a trend + GP (:func:`_fit_gp`) of the class named in ``name``."""
+    for key in ("x", "alpha", "kinds", "length_scale", "prior_var"):
+        if key not in gp:
+            raise BundleError(f"{check.where}: field {name}.{key} is missing")
+    alpha = check.numbers(gp["alpha"], f"{name}.alpha")
+    for i, kind in enumerate(check.sequence(gp["kinds"], f"{name}.kinds", length=len(alpha))):
+        check.text(kind, f"{name}.kinds[{i}]")
+    inputs = check.sequence(gp.get("inputs", ["dims"]), f"{name}.inputs")
+    allowed = ("dims", *SLOPE_TERMS)
+    for i, item in enumerate(inputs):
+        if item not in allowed:
+            raise check.fail(f"{name}.inputs[{i}]", item, ", ".join(allowed))
+    cls = name.rpartition(".")[2]
+    width = sum(len(RESIDUAL_DIMS.get(cls, ())) if item == "dims" else 1 for item in inputs)
+    for i, point in enumerate(check.sequence(gp["x"], f"{name}.x", length=len(alpha))):
+        check.numbers(point, f"{name}.x[{i}]", length=width)
+    check.number(gp["length_scale"], f"{name}.length_scale", lo=1e-6)
+    check.number(gp["prior_var"], f"{name}.prior_var", lo=0.0)
+    if "trend_terms" in gp:
+        terms = check.sequence(gp["trend_terms"], f"{name}.trend_terms")
+        for i, term in enumerate(terms):
+            if term not in SLOPE_TERMS:
+                raise check.fail(f"{name}.trend_terms[{i}]", term, ", ".join(SLOPE_TERMS))
+        parts = {k: check.numbers(gp.get(k), f"{name}.{k}", length=len(terms))
+                 for k in ("trend_centre", "trend_slopes", "trend_lo", "trend_hi")}  # fmt: skip
+        if any(lo > hi for lo, hi in zip(parts["trend_lo"], parts["trend_hi"], strict=True)):
+            raise check.fail(f"{name}.trend_lo", parts["trend_lo"], f"each at most {name}.trend_hi")
+
+
+def _check_trees(check: FieldCheck, trees: dict[str, Any], name: str) -> None:
+    """Check the JSON form of a residual booster (:func:`_fit_trees`) and that XGBoost reads it."""
+    import xgboost as xgb
+
+    for i, kind in enumerate(check.sequence(trees.get("kinds"), f"{name}.kinds")):
+        check.text(kind, f"{name}.kinds[{i}]")
+    text = check.text(trees.get("booster"), f"{name}.booster", nonempty=True)
+    try:
+        _booster(text)
+    except (xgb.core.XGBoostError, ValueError) as exc:
+        raise BundleError(f"{check.where}: field {name}.booster is not an XGBoost model: {exc}") from None

@@ -4,22 +4,33 @@ On a cluster nobody measured, most of a step predictor's error is shared by the 
 run there (its software stack, its achieved collective bandwidth, its clocks). A few
 measured steps of the user's own cluster estimate that shared part as a log shift:
 
-* ``shift = mean(log(measured / predicted)) * k / (k + SHRINK_RUNS)`` for ``k`` runs,
-  shrunk toward zero so that one odd run does not move every prediction all the way;
+* ``shift = median(log(measured / predicted)) * k / (k + SHRINK_RUNS)`` over the ``k`` runs
+  kept, shrunk toward zero so that one odd run does not move every prediction all the way;
+* before that, each run is screened (:func:`~perfcast.models.calibration.screen_measurements`):
+  a measured step that is not a positive finite time or lies more than :data:`MAX_STEP_RATIO`
+  times off the prediction either way is refused, and from three runs on, a run whose log
+  ratio lies more than ``log 3`` (or three robust deviations) from the median is left out
+  as an outlier; each is named, with its value, in ``excluded``;
 * the predictor's interval is moved along with the median, its width kept (a handful of
   steps says little about the spread of the remaining error).
 
 A cluster is the GPU type and the fabric between nodes (:func:`cluster_key`): a correction
-fitted on 16-GPU runs applies to 256-GPU runs of the same cluster. A
-:class:`ClusterCorrection` is a small JSON file; :class:`CalibratedStepPredictor` applies
-the stored corrections to any step predictor.
+fitted on 16-GPU runs applies to 256-GPU runs of the same cluster. A correction is keyed by
+the step predictor it was fitted for (:func:`~perfcast.models.calibration.predictor_identity`)
+and applies to that predictor only; a file of schema version 1 (written before the key
+existed) is read but never applied, and logged once. Loading checks every field and
+refuses a non-finite or nonsensical value, naming the file and the field.
+
+A :class:`ClusterCorrection` is a small JSON file; :class:`CalibratedStepPredictor` applies
+the stored corrections to the step predictor they were fitted for and names the correction
+of each row in :data:`CALIBRATION_COLUMN`.
 """
 
 from __future__ import annotations
 
-import json
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,11 +40,37 @@ import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_config import RunConfig
-from perfcast.models.calibration import read_json_files, write_json_atomic
+from perfcast.models.correction_store import (
+    CALIBRATION_COLUMN,
+    FieldCheck,
+    applicable,
+    corrections_for,
+    json_object,
+    predictor_identity,
+    read_json_files,
+    screen_measurements,
+    store_stem,
+    summarize_reasons,
+    write_json_atomic,
+)
+
+__all__ = [
+    "CALIBRATION_COLUMN",
+    "CalibratedStepPredictor",
+    "ClusterCorrection",
+    "cluster_key",
+    "config_cluster_key",
+    "fit_step_correction",
+    "load_step_corrections",
+    "save_step_correction",
+]
 
 SHRINK_RUNS = 0.5
-SCHEMA_VERSION = 1
-_SAFE = str.maketrans({c: "_" for c in '/\\:* ?"<>|'})
+SCHEMA_VERSION = 2
+READABLE_SCHEMA_VERSIONS = (1, 2)  # 1: no predictor key, mean-based fit
+MAX_STEP_RATIO = 20.0
+"""Largest measured/predicted step-time ratio (either way) a fit accepts."""
+MEASURED_FIELD = "measured_step_ms"
 
 
 def cluster_key(gpu: str, inter_node_fabric: str | None = None) -> str:
@@ -46,7 +83,13 @@ def cluster_key(gpu: str, inter_node_fabric: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class ClusterCorrection:
-    """The log shift of one cluster's step times, from ``n_runs`` measured steps."""
+    """The log shift of one cluster's step times, from ``n_runs`` measured steps.
+
+    ``predictor`` is the :func:`~perfcast.models.calibration.predictor_identity` of the step
+    predictor it was fitted for ("" in schema-1 files: never applied); ``model`` its display
+    name; ``log_residuals`` the log ratios of the runs kept; ``excluded`` the runs left out,
+    each with its reason.
+    """
 
     cluster: str
     shift: float
@@ -54,67 +97,126 @@ class ClusterCorrection:
     log_residuals: list[float]
     model: str = ""
     created_utc: str = ""
+    predictor: str = ""
+    excluded: list[str] = field(default_factory=list)
 
     @property
     def factor(self) -> float:
         """Multiplier applied to predicted step times (and their interval)."""
         return float(np.exp(self.shift))
 
+    @property
+    def label(self) -> str:
+        """How output rows name this correction: ``<cluster>@<created_utc>``."""
+        return f"{self.cluster}@{self.created_utc}" if self.created_utc else self.cluster
+
     def to_json(self) -> str:
-        """JSON text of the correction (``schema_version`` 1)."""
-        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2) + "\n"
+        """JSON text of the correction (``schema_version`` :data:`SCHEMA_VERSION`)."""
+        return json_dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
 
     @classmethod
     def from_json(cls, text: str, *, where: str = "step calibration") -> ClusterCorrection:
-        """Read a correction written by :meth:`to_json`."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BundleError(f"{where}: invalid JSON: {exc}") from None
-        if not isinstance(data, dict) or data.pop("schema_version", None) != SCHEMA_VERSION:
-            raise BundleError(f"{where}: not a perfcast step correction (schema_version {SCHEMA_VERSION})")
-        try:
-            return cls(**data)
-        except TypeError as exc:
-            raise BundleError(f"{where}: {exc}") from None
+        """Read and check a correction written by :meth:`to_json` (or schema version 1).
+
+        Raises:
+            BundleError: invalid JSON, another schema, or a field of the wrong type or with a
+                non-finite or nonsensical value (named with ``where``, the file).
+        """
+        data = json_object(text, where)
+        if data.pop("schema_version", None) not in READABLE_SCHEMA_VERSIONS:
+            versions = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
+            raise BundleError(f"{where}: not a perfcast step correction (schema_version one of {versions})")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise BundleError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+        for name in ("cluster", "shift", "n_runs", "log_residuals"):
+            if name not in data:
+                raise BundleError(f"{where}: field {name!r} is missing")
+        check = FieldCheck(where)
+        check.text(data["cluster"], "cluster", nonempty=True)
+        bound = math.log(MAX_STEP_RATIO)
+        check.number(data["shift"], "shift", lo=-bound, hi=bound)
+        n_runs = check.count(data["n_runs"], "n_runs")
+        check.numbers(data["log_residuals"], "log_residuals", length=n_runs)
+        for name in ("model", "created_utc", "predictor"):
+            check.text(data.get(name, ""), name)
+        for i, reason in enumerate(check.sequence(data.get("excluded", []), "excluded")):
+            check.text(reason, f"excluded[{i}]")
+        return cls(**{**data, "shift": float(data["shift"])})
+
+
+def json_dumps(data: Mapping[str, Any]) -> str:
+    """Indented JSON text with a final newline; NaN and infinity are refused (ValueError)."""
+    import json
+
+    return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
 def fit_step_correction(
-    cluster: str, measured_ms: np.ndarray, predicted_ms: np.ndarray, *, model: str = ""
+    cluster: str,
+    measured_ms: np.ndarray,
+    predicted_ms: np.ndarray,
+    *,
+    model: str = "",
+    predictor: str = "",
+    labels: Sequence[str] | None = None,
 ) -> ClusterCorrection:
     """Fit the correction of ``cluster`` from measured steps and the predictor's times of them, ms.
 
+    Args:
+        model: display name of the step predictor.
+        predictor: its :func:`~perfcast.models.calibration.predictor_identity`.
+        labels: how reasons name each run (default ``row <position>``).
+
     Raises:
-        SpecError: no run has a positive measured and predicted step time.
+        SpecError: mismatched lengths, or no run survives the screening (the reasons,
+            naming each run and its value, are in the message).
     """
     measured = np.asarray(measured_ms, dtype=float)
     predicted = np.asarray(predicted_ms, dtype=float)
     if measured.shape != predicted.shape:
         raise SpecError(f"measured_ms has {measured.shape} values but predicted_ms has {predicted.shape}")
-    ok = np.isfinite(measured) & np.isfinite(predicted) & (measured > 0) & (predicted > 0)
+    ok, excluded = screen_measurements(measured, predicted, labels, max_ratio=MAX_STEP_RATIO, field_name=MEASURED_FIELD)
     if not ok.any():
-        raise SpecError(f"no usable run to calibrate cluster {cluster}: need measured_step_ms > 0 and a predicted step")
+        reasons = summarize_reasons(excluded) if excluded else "no run given"
+        raise SpecError(f"no usable run to calibrate cluster {cluster}: {reasons}")
     residual = np.log(measured[ok] / predicted[ok])
     k = len(residual)
     return ClusterCorrection(
         cluster=cluster,
-        shift=float(residual.mean() * k / (k + SHRINK_RUNS)),
+        shift=float(np.median(residual) * k / (k + SHRINK_RUNS)),
         n_runs=k,
         log_residuals=residual.tolist(),
         model=model,
         created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        predictor=predictor,
+        excluded=excluded,
     )
 
 
 def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
-    """Write ``<directory>/<cluster>.json`` atomically (replacing an older one of that cluster)."""
-    return write_json_atomic(correction.to_json(), directory, correction.cluster.translate(_SAFE))
+    """Write ``<directory>/<cluster>--<predictor>.json`` atomically (replacing an older one of
+    that cluster and predictor; those of other predictors stay).
+
+    Raises:
+        SpecError: the correction names no predictor (it would never be applied).
+    """
+    if not correction.predictor:
+        raise SpecError(f"the step correction of {correction.cluster} names no predictor; fit it with predictor=...")
+    return write_json_atomic(correction.to_json(), directory, store_stem(correction.cluster, correction.predictor))
 
 
-def load_step_corrections(directory: str | Path) -> dict[str, ClusterCorrection]:
-    """Every step correction stored in ``directory`` (none when it does not exist), keyed by cluster."""
-    parsed = read_json_files(directory, lambda text, where: ClusterCorrection.from_json(text, where=where))
-    return {corr.cluster: corr for corr in parsed}
+def load_step_corrections(directory: str | Path, predictor: str) -> dict[str, ClusterCorrection]:
+    """The step corrections in ``directory`` fitted for ``predictor`` (a predictor identity),
+    keyed by cluster; none when the folder does not exist. Every file is checked; those of
+    other predictors are logged once.
+
+    Raises:
+        BundleError: a file that is not a valid step correction, or two for one cluster and predictor.
+    """
+    parsed = read_json_files(directory, lambda text, where: (where, ClusterCorrection.from_json(text, where=where)))
+    return corrections_for(parsed, lambda corr: corr.cluster, predictor, str(directory), "step")
 
 
 def config_cluster_key(config: RunConfig) -> str:
@@ -124,12 +226,20 @@ def config_cluster_key(config: RunConfig) -> str:
 
 
 class CalibratedStepPredictor:
-    """A step predictor with per-cluster corrections applied to the configs of those clusters."""
+    """A step predictor with per-cluster corrections applied to the configs of those clusters.
 
-    def __init__(self, base: Any, corrections: Mapping[str, ClusterCorrection]) -> None:
+    Only corrections fitted for ``base`` (its predictor identity) are kept; the others are
+    logged once and ignored.
+    """
+
+    def __init__(
+        self, base: Any, corrections: Mapping[str, ClusterCorrection], *, where: str = "the given corrections"
+    ) -> None:
         self.base = base
-        self.corrections = dict(corrections)
-        self.name = f"{getattr(base, 'name', 'model')}+calibrated"
+        self.identity = predictor_identity(base)
+        self.corrections = applicable(corrections, self.identity, where, "step")
+        base_name = getattr(base, "name", "model")
+        self.name = f"{base_name}+calibrated" if self.corrections else str(base_name)
 
     @property
     def flags_out_of_domain(self) -> bool:
@@ -137,12 +247,16 @@ class CalibratedStepPredictor:
         return bool(getattr(self.base, "flags_out_of_domain", False))
 
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
-        """The base predictor's rows, step times and breakdown scaled on corrected clusters."""
+        """The base predictor's rows, step times and breakdown (``*_ms`` but ``composed_step_ms``)
+        scaled on corrected clusters, plus :data:`CALIBRATION_COLUMN`: the label of the
+        correction applied to the row, "" where none was."""
         frame = self.base.predict_configs(configs, coverage=coverage)
-        if not self.corrections or not len(frame):
-            return frame
-        keys = np.array([config_cluster_key(c) for c in configs], dtype=object)
-        factor = np.array([self.corrections[k].factor if k in self.corrections else 1.0 for k in keys])
+        if not len(frame):
+            return frame.assign(**{CALIBRATION_COLUMN: pd.Series(dtype=object)})
+        keys = [config_cluster_key(c) for c in configs]
+        applied = [self.corrections.get(k) for k in keys]
+        factor = np.array([c.factor if c is not None else 1.0 for c in applied])
         timed = [c for c in frame.columns if c.endswith("_ms") and c != "composed_step_ms"]
         frame[timed] = frame[timed].mul(factor, axis=0)
+        frame[CALIBRATION_COLUMN] = np.array([c.label if c is not None else "" for c in applied], dtype=object)
         return frame

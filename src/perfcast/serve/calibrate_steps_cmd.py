@@ -2,14 +2,19 @@
 
 The input is a run table whose rows carry ``measured_step_ms`` (one to five runs per
 cluster are enough; see :mod:`perfcast.models.step_calibration`). Each cluster's runs are
-predicted without calibration, a correction is fitted per cluster and stored under
-``<calibration folder>/steps``, where ``perfcast predict steps`` picks it up for every
-later config on that cluster.
+predicted without calibration, screened (a row with a measured value that is not a
+positive finite time, lies more than 20x off the prediction, is an outlier among its
+cluster's runs, or is not a valid config is left out and named with its reason), a
+correction is fitted per cluster for the step predictor used and stored in the ``steps``
+folder of the calibration folder (:mod:`perfcast.serve.calibration_store`), where
+``perfcast predict steps`` with the same predictor picks it up for every later config on
+that cluster.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -18,72 +23,117 @@ from rich.console import Console
 from rich.table import Table
 
 from perfcast.errors import PerfcastError, SpecError
+from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_calibration_dir
 
 EXIT_USER_ERROR = 2
 MEASURED_COLUMN = "measured_step_ms"
 _err = Console(stderr=True, soft_wrap=True)
 
 
-def step_calibration_dir() -> Path:
-    """Where step corrections live: the ``steps`` folder of the calibration folder."""
-    from perfcast.serve.calibrate_cmd import calibration_dir
+class StepFit(NamedTuple):
+    """What :func:`fit_step_corrections` returns."""
 
-    return calibration_dir() / "steps"
+    corrections: list
+    """One :class:`~perfcast.models.step_calibration.ClusterCorrection` per cluster, by cluster key."""
+    predicted: pd.DataFrame
+    """The predicted rows of the table (``error`` says why a row is not a valid config)."""
+    refused: list[str]
+    """Rows with a measured value used by no cluster (not a number, not a valid config), each with its reason."""
 
 
-def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> tuple[list, pd.DataFrame]:
-    """Per-cluster corrections from the valid rows of ``runs`` that have a measured step.
+def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> StepFit:
+    """Per-cluster corrections, for ``predictor``, from the rows of ``runs`` that have a measured step.
 
-    Returns:
-        The corrections and the predicted rows (with ``error`` for rows that were not used).
+    A row with an empty ``measured_step_ms`` was not measured and is skipped silently;
+    every other row that is not used is named with its reason, in ``refused`` or in its
+    correction's ``excluded`` (:func:`~perfcast.models.step_calibration.fit_step_correction`).
 
     Raises:
-        SpecError: no ``measured_step_ms`` column, or no valid measured row.
+        SpecError: no ``measured_step_ms`` column, no measured row, no row that is a valid
+            config and measured, or a cluster none of whose runs survives the screening.
     """
     from perfcast.features.run_config import parse_run_row
+    from perfcast.models.calibration import predictor_identity
+    from perfcast.models.correction_store import summarize_reasons
     from perfcast.models.step_calibration import config_cluster_key, fit_step_correction
     from perfcast.serve.batch import predict_steps_table
 
     if MEASURED_COLUMN not in runs:
         raise SpecError(f"the run table has no {MEASURED_COLUMN} column: calibration needs measured steps, ms")
-    measured = pd.to_numeric(runs[MEASURED_COLUMN], errors="coerce").to_numpy(dtype=float)
-    bad = ~(np.isfinite(measured) & (measured > 0))
-    if bad.all():
-        raise SpecError(f"no row has a positive {MEASURED_COLUMN}; got {runs[MEASURED_COLUMN].head(3).tolist()}")
+    raw = runs[MEASURED_COLUMN]
+    given = (raw.notna() & (raw.astype(str).str.strip() != "")).to_numpy()
+    if not given.any():
+        raise SpecError(f"no row has a {MEASURED_COLUMN} value; got {raw.head(3).tolist()}")
+    measured = pd.to_numeric(raw, errors="coerce").to_numpy(dtype=float)
+    labels = [f"row {i}" for i in runs.index]
+    refused = [
+        f"{labels[pos]}: {MEASURED_COLUMN}={raw.iloc[pos]!r} is not a number"
+        for pos in np.flatnonzero(given & np.isnan(measured))
+    ]
+    numeric = given & ~np.isnan(measured)
     predicted = predict_steps_table(runs, predictor=predictor)
-    usable = ~bad & (predicted["error"] == "").to_numpy()
+    errors = predicted["error"].to_numpy(dtype=object)
+    valid = errors == ""
+    refused += [f"{labels[pos]}: not a valid config: {errors[pos]}" for pos in np.flatnonzero(numeric & ~valid)]
+    usable = numeric & valid
     if not usable.any():
-        raise SpecError("no row is both a valid config and measured; see the error column of `perfcast predict steps`")
+        raise SpecError(f"no row is both a valid config and measured: {summarize_reasons(refused)}")
     keys = np.full(len(runs), "", dtype=object)
     for pos in np.flatnonzero(usable):
         keys[pos] = config_cluster_key(parse_run_row(runs.iloc[pos].to_dict()))
+    identity = predictor_identity(predictor)
+    name = str(getattr(predictor, "name", ""))
+    pred = predicted["step_ms"].to_numpy(dtype=float)
     corrections = []
     for key in sorted(set(keys[usable])):
-        rows = usable & (keys == key)
-        pred = predicted["step_ms"].to_numpy(dtype=float)[rows]
-        corrections.append(fit_step_correction(key, measured[rows], pred, model=getattr(predictor, "name", "")))
-    return corrections, predicted
+        rows = np.flatnonzero(usable & (keys == key))
+        corrections.append(
+            fit_step_correction(
+                key,
+                measured[rows],
+                pred[rows],
+                model=name,
+                predictor=identity,
+                labels=[labels[pos] for pos in rows],
+            )
+        )
+    return StepFit(corrections, predicted, refused)
 
 
 def calibrate_steps_command(
     runs_path: Path = typer.Argument(..., metavar="RUNS", help="Run table (CSV/Parquet) with measured_step_ms."),
     model: str | None = typer.Option(None, "--model", help="Step predictor: 'analytic', a bundle or an MLflow URI."),
-    store: Path | None = typer.Option(None, "--store", help="Folder for the corrections (default: calibration/steps)."),
+    store: Path | None = typer.Option(
+        None,
+        "--store",
+        help=f"Folder to store the corrections in (default: '{STEPS_FOLDER}' in {FOLDER_HELP}; "
+        "perfcast predict reads only that one).",
+    ),
 ) -> None:
-    """Fit a per-cluster correction from one to five measured steps of your own cluster."""
+    """Fit a per-cluster correction from one to five measured steps of your own cluster.
+
+    Corrections are stored in the 'steps' folder of $PERFCAST_CALIBRATION_DIR if set, else
+    of ~/.config/perfcast/calibration, and apply to later predictions of the same predictor
+    (--model) only; each prediction row names the correction in its calibration column.
+    """
     from perfcast.data.tables import read_table
     from perfcast.models.step_calibration import save_step_correction
     from perfcast.serve.predictors import load_step_predictor
 
     try:
         runs = read_table(runs_path)
-        corrections, _ = fit_step_corrections(runs, load_step_predictor(model))
+        predictor = load_step_predictor(model)
+        fit = fit_step_corrections(runs, predictor)
+        folder = store or step_calibration_dir()
+        paths = [save_step_correction(corr, folder) for corr in fit.corrections]
     except PerfcastError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=EXIT_USER_ERROR) from None
-    folder = store or step_calibration_dir()
-    table = Table("cluster", "runs", "correction", title=f"step calibration, stored in {folder}")
-    for corr in corrections:
-        save_step_correction(corr, folder)
-        table.add_row(corr.cluster, str(corr.n_runs), f"x{corr.factor:.3f}")
+    table = Table("cluster", "runs used", "left out", "correction", title=f"step calibration, stored in {folder}")
+    for corr in fit.corrections:
+        table.add_row(corr.cluster, str(corr.n_runs), str(len(corr.excluded)), f"x{corr.factor:.3f}")
     Console().print(table)
+    for reason in [*fit.refused, *(r for corr in fit.corrections for r in corr.excluded)]:
+        _err.print(f"left out of the fit: {reason}", markup=False)
+    names = ", ".join(p.name for p in paths)
+    _err.print(f"stored {names}; they apply to predictions by {fit.corrections[0].predictor} only", markup=False)

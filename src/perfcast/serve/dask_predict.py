@@ -4,8 +4,9 @@
 ``dask.dataframe``, predicts each partition on a worker with the same batch functions as
 the single-machine path (:mod:`perfcast.serve.batch`) and returns the rows in input
 order. Each worker loads the predictor once by its reference (``analytic``, a bundle
-folder, an MLflow URI; the shipped default when None), with the stored calibrations
-unless told not to, and keeps it for the next partitions. ``local`` starts a
+folder, an MLflow URI; the shipped default when None) through
+:func:`~perfcast.serve.predictors.load_calibrated_predictor`, with the stored calibrations
+of the client's calibration folder unless told not to, and keeps it for the next partitions. ``local`` starts a
 ``LocalCluster`` on this machine (one thread per worker).
 """
 
@@ -21,16 +22,17 @@ from typing import Any
 import pandas as pd
 
 from perfcast.errors import SpecError
+from perfcast.serve.calibration_store import calibration_dir
 
 KINDS = ("steps", "ops")
 LOCAL = "local"
 
 
 @functools.lru_cache(maxsize=4)
-def _predictor(kind: str, ref: str | None, calibration: bool) -> Any:
+def _predictor(kind: str, ref: str | None, calibration: bool, folder: str | None) -> Any:
     from perfcast.serve.predictors import load_calibrated_predictor
 
-    return load_calibrated_predictor(kind, ref, calibration)
+    return load_calibrated_predictor(kind, ref, calibration, folder=folder)
 
 
 def _typed(part: pd.DataFrame) -> pd.DataFrame:
@@ -39,16 +41,23 @@ def _typed(part: pd.DataFrame) -> pd.DataFrame:
 
 
 def predict_partition(
-    part: pd.DataFrame, kind: str, ref: str | None, coverage: float, calibration: bool, text: bool
+    part: pd.DataFrame,
+    kind: str,
+    ref: str | None,
+    coverage: float,
+    calibration: bool,
+    text: bool,
+    folder: str | None = None,
 ) -> pd.DataFrame:
     """Predict one partition with the worker's cached predictor (the single-machine functions).
 
-    ``text``: the partition was read from CSV as strings and is typed first.
+    ``text``: the partition was read from CSV as strings and is typed first. ``folder``:
+    the calibration folder (None: the worker's own :func:`calibration_dir`).
     """
     from perfcast.serve.batch import predict_ops_table, predict_steps_table
 
     part = _typed(part) if text else part
-    predictor = _predictor(kind, ref, calibration)
+    predictor = _predictor(kind, ref, calibration, folder)
     if kind == "steps":
         return predict_steps_table(part, predictor=predictor, coverage=coverage)
     return predict_ops_table(part, predictor=predictor, coverage=coverage)
@@ -106,7 +115,8 @@ def predict_table_dask(
     else:
         raise SpecError(f"{path}: give a .csv, .csv.gz or .parquet table for --dask")
     text = not name.endswith(".parquet")
-    args = (kind, ref, coverage, calibration, text)
+    folder = str(calibration_dir()) if calibration else None  # the client's folder, read by every worker
+    args = (kind, ref, coverage, calibration, text, folder)
     meta = predict_partition(frame.head(2, npartitions=-1), *args).iloc[:0]
     with dask_client(address) as client:
         parts = frame.map_partitions(predict_partition, *args, meta=meta)

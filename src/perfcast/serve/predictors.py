@@ -7,6 +7,9 @@ Without a reference the shipped default bundle is used.
 
 For steps, a bundle with a step model predicts steps with it; a bundle without one
 composes its op predictions (``composed``), and ``analytic`` composes roofline op times.
+
+:func:`load_calibrated_predictor` adds the stored calibrations fitted for the predictor
+loaded (:func:`with_calibrations`); every front door loads through it.
 """
 
 from __future__ import annotations
@@ -16,14 +19,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from perfcast.errors import BundleError
+from perfcast.errors import BundleError, SpecError
 from perfcast.models.analytic import NAME as ANALYTIC
 from perfcast.models.analytic import AnalyticOpPredictor
+from perfcast.serve.calibration_store import calibration_dir, step_calibration_dir
 
 logger = logging.getLogger(__name__)
 
 MLFLOW_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 COMPOSED = "composed"
+KINDS = ("ops", "steps")
 
 
 def default_bundle_path() -> Path:
@@ -63,7 +68,7 @@ def _load_mlflow(uri: str) -> Any:
 
     mlflow.set_tracking_uri(tracking_uri())
     try:
-        model = mlflow.pyfunc.load_model(uri)
+        model = mlflow.pyfunc.load_model(uri, model_config={"calibration": False})  # the bare bundle
     except Exception as exc:  # MLflow raises several types (MlflowException, OSError ...)
         raise BundleError(f"cannot load MLflow model {uri!r} from {tracking_uri()}: {exc}") from None
     python_model = model.unwrap_python_model()
@@ -94,19 +99,62 @@ def load_step_predictor(ref: str | None = None) -> Any:
     return predictor.step_predictor()
 
 
-def load_calibrated_predictor(kind: str, ref: str | None, calibration: bool = True) -> Any:
-    """The ``steps`` or ``ops`` predictor of ``ref``, with the stored calibrations applied when asked."""
-    from perfcast.serve.calibrate_cmd import calibration_dir
-    from perfcast.serve.calibrate_steps_cmd import step_calibration_dir
+def with_calibrations(predictor: Any, kind: str, calibration: bool = True, *, folder: str | Path | None = None) -> Any:
+    """``predictor`` (an ``ops`` or ``steps`` predictor) with the stored corrections fitted for it.
 
+    The corrections are read from ``folder`` (default: :func:`calibration_dir`; step
+    corrections from its ``steps`` folder) and only those keyed by this predictor's
+    identity apply (:func:`perfcast.models.calibration.predictor_identity`). Returns
+    ``predictor`` itself when ``calibration`` is False (nothing is read) or none applies;
+    otherwise a calibrated wrapper whose rows name the correction applied.
+
+    Raises:
+        SpecError: an unknown ``kind``.
+        BundleError: a stored correction that is not valid (the file and field named).
+    """
+    if kind not in KINDS:
+        raise SpecError(f"kind={kind!r} unknown; allowed: {', '.join(KINDS)}")
+    if not calibration:
+        return predictor
+    from perfcast.models.calibration import predictor_identity
+
+    base = Path(folder) if folder is not None else calibration_dir()
+    identity = predictor_identity(predictor)
     if kind == "steps":
         from perfcast.models.step_calibration import CalibratedStepPredictor, load_step_corrections
 
-        steps = load_step_predictor(ref)
-        corrections = load_step_corrections(step_calibration_dir()) if calibration else {}
-        return CalibratedStepPredictor(steps, corrections) if corrections else steps
-    from perfcast.models.calibration import CalibratedPredictor, load_corrections
+        where = step_calibration_dir(base)
+        wrapped: Any = CalibratedStepPredictor(predictor, load_step_corrections(where, identity), where=str(where))
+    else:
+        from perfcast.models.calibration import CalibratedPredictor, load_corrections
 
-    ops = load_op_predictor(ref)
-    op_corrections = load_corrections(calibration_dir()) if calibration else {}
-    return CalibratedPredictor(ops, op_corrections) if op_corrections else ops
+        where = base
+        wrapped = CalibratedPredictor(predictor, load_corrections(where, identity), where=str(where))
+    if not wrapped.corrections:
+        return predictor
+    logger.info(
+        "applying the stored %s corrections of %s (fitted for %s) from %s",
+        kind,
+        ", ".join(sorted(wrapped.corrections)),
+        identity,
+        where,
+    )
+    return wrapped
+
+
+def load_calibrated_predictor(
+    kind: str, ref: str | None, calibration: bool = True, *, folder: str | Path | None = None
+) -> Any:
+    """The ``steps`` or ``ops`` predictor of ``ref`` (:func:`load_step_predictor`,
+    :func:`load_op_predictor`) with its stored calibrations applied when ``calibration``
+    (:func:`with_calibrations`). The one loader of the CLI, the HTTP service, the MLflow
+    pyfunc and Dask workers.
+
+    Raises:
+        SpecError: an unknown ``kind``.
+        BundleError: a reference that cannot be loaded, or an invalid stored correction.
+    """
+    if kind not in KINDS:
+        raise SpecError(f"kind={kind!r} unknown; allowed: {', '.join(KINDS)}")
+    predictor = load_step_predictor(ref) if kind == "steps" else load_op_predictor(ref)
+    return with_calibrations(predictor, kind, calibration, folder=folder)
