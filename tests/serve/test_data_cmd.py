@@ -87,3 +87,84 @@ def test_missing_source_is_one_line_exit_2(tmp_path: Path) -> None:
     result = runner.invoke(app, ["data", "import", str(tmp_path / "deepbench_gemm.csv"), "-o", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert result.output.strip().startswith("error:")
+
+
+def test_import_never_deletes_a_folder_it_did_not_write(tmp_path: Path) -> None:
+    src = _deepbench(tmp_path / "deepbench_gemm.csv")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for extra in ([], ["--force"]):
+        result = runner.invoke(app, ["data", "import", str(src), "-o", str(mine), *extra])
+        assert result.exit_code == 2
+        assert result.output.strip().splitlines() == [result.output.strip()]  # one line
+        assert "not a perfcast dataset" in result.output and "notes.txt" in result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+
+
+def test_import_replaces_an_existing_dataset_only_with_force(tmp_path: Path) -> None:
+    src = _deepbench(tmp_path / "deepbench_gemm.csv")
+    out = tmp_path / "db"
+    assert runner.invoke(app, ["data", "import", str(src), "-o", str(out)]).exit_code == 0
+    again = runner.invoke(app, ["data", "import", str(src), "-o", str(out), "--name", "v2"])
+    assert again.exit_code == 2 and "--force" in again.output
+    forced = runner.invoke(app, ["data", "import", str(src), "-o", str(out), "--name", "v2", "--force"])
+    assert forced.exit_code == 0, forced.output
+    assert json.loads((out / "card.json").read_text())["name"] == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "deepbench_gemm.csv"]  # no temporary left
+    rerun = runner.invoke(app, ["data", "import-all", str(tmp_path), "-o", str(tmp_path / "all")])
+    assert rerun.exit_code == 0
+    refused = runner.invoke(app, ["data", "import-all", str(tmp_path), "-o", str(tmp_path / "all")])
+    assert refused.exit_code == 2 and "--force" in refused.output
+    assert (
+        runner.invoke(app, ["data", "import-all", str(tmp_path), "-o", str(tmp_path / "all"), "--force"]).exit_code == 0
+    )
+
+
+def test_imported_shared_dataset_validates(tmp_path: Path) -> None:
+    """The audit's reproduction: a freshly imported public set passes its own validation."""
+    src = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "deepbench_gemm.csv"
+    if not src.is_file():
+        src = _deepbench(tmp_path / "deepbench_gemm.csv")
+    out = tmp_path / "x"
+    assert runner.invoke(app, ["data", "import", str(src), "-o", str(out)]).exit_code == 0
+    valid = runner.invoke(app, ["data", "validate", str(out)])
+    assert valid.exit_code == 0, valid.output
+    for name in ("ops.parquet", "rejected.parquet"):
+        if (out / name).is_file():
+            df = pd.read_parquet(out / name)
+            assert not (df.astype(str) == "nan").to_numpy().any()
+
+
+def test_truncated_gzip_source_is_one_line_exit_2(tmp_path: Path) -> None:
+    import gzip
+
+    src = _deepbench(tmp_path / "x.csv")
+    gz = tmp_path / "deepbench_gemm.csv.gz"
+    gz.write_bytes(gzip.compress(src.read_bytes() * 50)[:200])
+    result = runner.invoke(app, ["data", "import", str(gz), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "truncated" in result.output and "Aborted" not in result.output
+    validated = runner.invoke(app, ["data", "validate", str(gz)])
+    assert validated.exit_code == 2 and validated.output.startswith("error:")
+
+
+def test_validate_bad_cards_and_damaged_files_exit_2(tmp_path: Path) -> None:
+    src = _deepbench(tmp_path / "deepbench_gemm.csv")
+    out = tmp_path / "db"
+    assert runner.invoke(app, ["data", "import", str(src), "-o", str(out)]).exit_code == 0
+    card = json.loads((out / "card.json").read_text())
+    for tables in (None, {}, {"ops": {**card["tables"]["ops"], "rows": 7}}):
+        (out / "card.json").write_text(json.dumps({**card, "tables": tables}))
+        result = runner.invoke(app, ["data", "validate", str(out)])
+        assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+        assert len(result.output.strip().splitlines()) == 1
+        if tables is None:  # a broken card is listed as such, the listing goes on
+            listing = runner.invoke(app, ["data", "ls", str(tmp_path)], env={"COLUMNS": "300"})
+            assert listing.exit_code == 0 and "(invalid)" in listing.output
+    (out / "card.json").write_text(json.dumps(card))
+    (out / "rejected.parquet").write_bytes(b"PAR1" + b"\0" * 64 + b"PAR1")
+    result = runner.invoke(app, ["data", "validate", str(out)])
+    assert result.exit_code == 2 and "rejected.parquet" in result.output
+    (tmp_path / "t.parquet").write_bytes(b"PAR1 not really")
+    result = runner.invoke(app, ["data", "validate", str(tmp_path / "t.parquet")])
+    assert result.exit_code == 2 and result.output.startswith("error: cannot parse parquet table")
