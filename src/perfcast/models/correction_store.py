@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 import math
+import os
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -165,13 +167,17 @@ def applicable(corrections: Mapping[str, T], identity: str, where: str, what: st
 
 
 def write_json_atomic(text: str, directory: str | Path, stem: str) -> Path:
-    """Write ``<directory>/<stem>.json`` through a temporary file (replacing an older one)."""
+    """Write ``<directory>/<stem>.json`` through a temporary file of this process (replacing an
+    older one; concurrent writers never share a temporary file, and the last rename wins)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    tmp = directory / f".{stem}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return path
 
 
