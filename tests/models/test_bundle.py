@@ -12,7 +12,14 @@ import pytest
 from perfcast.errors import BundleError, OutOfDomainWarning
 from perfcast.features.op_features import FEATURE_SPEC_VERSION, featurize_ops
 from perfcast.models.analytic import AnalyticOpPredictor
-from perfcast.models.bundle import MANIFEST_FILE, OpPredictorBundle, catalog_hash, load_bundle, save_bundle
+from perfcast.models.bundle import (
+    FILE_HASHES,
+    MANIFEST_FILE,
+    OpPredictorBundle,
+    catalog_hash,
+    load_bundle,
+    save_bundle,
+)
 from perfcast.models.op_model import OpTimeRegressor
 
 GPUS = {"a100-pcie-40gb": 0.7, "v100-pcie-32gb": 0.64, "t4": 0.6}
@@ -199,3 +206,167 @@ def test_predict_ops_flagged_matches_predict_ops_and_out_of_domain(model, data):
         assert ood.sum() == len(outside) and ood.dtype == bool
     empty = OpPredictorBundle(path=None, manifest={}, op_model=model).predict_ops_flagged(mixed.iloc[:0])
     assert [len(a) for a in empty] == [0, 0, 0, 0]
+
+
+# ----------------------------------------------------------------------------- checksums and malformed bundles
+
+
+def _manifest(path):
+    return json.loads((path / MANIFEST_FILE).read_text())
+
+
+def _write_manifest(path, manifest):
+    (path / MANIFEST_FILE).write_text(json.dumps(manifest))
+
+
+def _damage(file):
+    raw = bytearray(file.read_bytes())
+    raw[len(raw) // 3 : len(raw) // 3 + 256] = b"\xff" * 256
+    file.write_bytes(bytes(raw))
+
+
+def test_manifest_records_a_checksum_per_file(bundle_dir):
+    import hashlib
+
+    hashes = _manifest(bundle_dir)[FILE_HASHES]
+    assert sorted(hashes) == ["op_gemm.ubj", "op_vector.ubj"]
+    for name, digest in hashes.items():
+        assert hashlib.sha256((bundle_dir / name).read_bytes()).hexdigest() == digest
+
+
+def test_damaged_or_empty_booster_refused_before_xgboost_parses_it(bundle_dir, monkeypatch):
+    import xgboost as xgb
+
+    parsed = []
+    monkeypatch.setattr(xgb.Booster, "load_model", lambda self, fname: parsed.append(fname))
+    _damage(bundle_dir / "op_vector.ubj")
+    with pytest.raises(BundleError, match=r"op_vector\.ubj is damaged or was changed after saving"):
+        load_bundle(bundle_dir)
+    (bundle_dir / "op_vector.ubj").write_bytes(b"")
+    with pytest.raises(BundleError, match=r"op_vector\.ubj is empty"):
+        load_bundle(bundle_dir)
+    assert parsed == []
+
+
+def test_bundle_without_checksums_is_refused_with_what_to_do(bundle_dir):
+    manifest = _manifest(bundle_dir)
+    del manifest[FILE_HASHES]
+    manifest["schema_version"] = 1
+    _write_manifest(bundle_dir, manifest)
+    with pytest.raises(BundleError, match="no file checksums.*retrain it"):
+        load_bundle(bundle_dir)
+
+
+def _set(path, value):
+    def edit(manifest):
+        *parents, last = path
+        node = manifest
+        for key in parents:
+            node = node[key]
+        if value is _DELETE:
+            del node[last]
+        else:
+            node[last] = value
+
+    return edit
+
+
+_DELETE = object()
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (_set(("models", "op", "class"), _DELETE), r"models\.op\.class must be a non-empty string"),
+        (_set(("models", "op", "class"), None), r"models\.op\.class must be a non-empty string"),
+        (_set(("models", "op", "class"), "perfcast.models.step_model.StepTimeRegressor"), "step model metadata"),
+        (_set(("models", "op", "class"), "os.system"), "not a perfcast.models class"),
+        (_set(("models", "op", "hook"), 3), r"models\.op\.hook must be a non-empty string"),
+        (_set(("models", "op", "meta"), None), r"models\.op\.meta must be an object"),
+        (_set(("models", "op", "files"), None), r"models\.op\.files must be a non-empty list"),
+        (_set(("models", "op", "files"), []), r"models\.op\.files must be a non-empty list"),
+        (_set(("models", "op", "meta", "files", "gemm"), "../outside.ubj"), "not a plain file name"),
+        (_set(("models", "op", "meta", "files", "gemm"), "/etc/passwd"), "not a plain file name"),
+        (_set(("models", "op", "meta", "files", "gemm"), None), "not a plain file name"),
+        (_set(("models", "op", "meta", "files", "attention"), "extra.ubj"), "does not cover"),
+        (_set(("models", "op", "meta", "feature_names"), _DELETE), "malformed"),
+        (_set(("models", "op", "meta", "launch_ms"), []), "fail to predict"),
+        (_set(("models", "op", "meta", "gpu_shifts", "gemm"), None), "fail to predict"),
+        (_set(("models", "op", "meta", "params", "n_jobs"), "x"), "fail to predict"),
+        (_set(("models",), {}), "lists no models"),
+        (_set(("models",), None), "lists no models"),
+        (_set(("models", "step"), {"class": "x"}), r"models\.step\.hook"),
+        (_set(("metrics",), [1]), "metrics must be an object"),
+        (_set((FILE_HASHES,), None), f"{FILE_HASHES} must be a non-empty object"),
+        (_set((FILE_HASHES, "op_gemm.ubj"), "abc"), "is not a sha256 hex digest"),
+        (_set((FILE_HASHES, "op_gemm.ubj"), _DELETE), "does not cover"),
+        (_set((FILE_HASHES, "missing.ubj"), "0" * 64), r"missing\.ubj is missing"),
+        (_set(("schema_version",), 99), "schema_version=99"),
+    ],
+)
+def test_malformed_manifest_is_a_bundle_error(bundle_dir, edit, match):
+    manifest = _manifest(bundle_dir)
+    edit(manifest)
+    _write_manifest(bundle_dir, manifest)
+    with pytest.raises(BundleError, match=match):
+        load_bundle(bundle_dir)
+
+
+def test_manifest_that_is_not_json_or_not_an_object(bundle_dir):
+    for text in ("{", "[]", "null", '"x"'):
+        (bundle_dir / MANIFEST_FILE).write_text(text)
+        with pytest.raises(BundleError):
+            load_bundle(bundle_dir)
+
+
+def test_save_never_replaces_a_folder_that_is_not_a_bundle(tmp_path, model):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep")
+    with pytest.raises(BundleError, match="not a bundle"):
+        save_bundle(mine, op_model=model)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def _cli(*args, env=None):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "perfcast.serve.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_WAIT_POLICY": "PASSIVE", **(env or {})},
+    )
+
+
+def test_cli_on_a_damaged_bundle_exits_2_naming_the_file(tmp_path):
+    """XGBoost's parser crashes the process (SIGSEGV, exit 139, no message) on some damaged boosters,
+    such as the shipped GEMM booster with 8 bytes overwritten below; the checksum refuses it first."""
+    import random
+    import shutil
+
+    from perfcast.serve.predictors import default_bundle_path
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(default_bundle_path(), bundle)
+    booster = bundle / "op_gemm.ubj"
+    raw = bytearray(booster.read_bytes())
+    at = random.Random(17).randrange(len(raw))
+    raw[at : at + 8] = b"\x7f" * 8
+    booster.write_bytes(bytes(raw))
+    runs = tmp_path / "runs.csv"
+    pd.DataFrame([{"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "dp": 2, "micro_batch": 2,
+                   "global_batch": 8}]).to_csv(runs, index=False)  # fmt: skip
+    done = _cli("predict", "steps", str(runs), "-o", str(tmp_path / "out.csv"), "--model", str(bundle))
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "op_gemm.ubj" in done.stderr and "Traceback" not in done.stderr
+    served = _cli("serve", "--model", str(bundle), "--port", "1")
+    assert served.returncode == 2, served.stderr[-2000:]
+    assert "op_gemm.ubj" in served.stderr and "Traceback" not in served.stderr
+    booster.write_bytes(b"")
+    empty = _cli("predict", "steps", str(runs), "-o", str(tmp_path / "out.csv"), "--model", str(bundle))
+    assert empty.returncode == 2 and "op_gemm.ubj is empty" in empty.stderr

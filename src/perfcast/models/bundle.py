@@ -19,9 +19,15 @@ A model takes part through one of two hooks:
 * ``model.to_dict() -> dict`` / ``Model.from_dict(dict)`` plus a ``booster_`` attribute,
   which the bundle writes as ``collective.ubj`` (``op.ubj`` for an op model) and restores.
 
-:func:`load_bundle` refuses a bundle written under another FeatureSpec version, a missing
-file or a malformed manifest (:class:`~perfcast.errors.BundleError`); a changed hardware
-catalog only logs a warning (predictions then use the current catalog figures).
+The manifest records the SHA-256 of every file of the bundle (``file_sha256``, written by
+:func:`save_bundle`). :func:`load_bundle` verifies them before any model file is parsed,
+so a damaged, truncated or replaced booster is refused by name instead of reaching
+XGBoost's parser. It refuses, with a :class:`~perfcast.errors.BundleError` naming the
+file or manifest field, a bundle without checksums (written before they existed), a
+missing or changed file, a model entry naming a file the checksums do not cover, a
+manifest of the wrong shape, and a FeatureSpec version other than this perfcast's; a
+changed hardware catalog only logs a warning (predictions then use the current catalog
+figures).
 """
 
 from __future__ import annotations
@@ -30,9 +36,12 @@ import hashlib
 import importlib
 import json
 import logging
+import os
+import pickle
+import re
 import shutil
-import uuid
-from collections.abc import Mapping
+import warnings
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata, resources
@@ -43,7 +52,8 @@ import numpy as np
 import pandas as pd
 
 from perfcast._version import perfcast_version
-from perfcast.errors import BundleError, SpecError
+from perfcast.data.tables import sweep_stale_temps, temp_path, terminate_as_exit
+from perfcast.errors import BundleError, PerfcastError, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION
 from perfcast.features.ops import OpClass, op_classes, op_kinds
 from perfcast.models.analytic import AnalyticOpPredictor
@@ -54,8 +64,19 @@ logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
 BUNDLE_FORMAT = "perfcast-op-bundle"
-BUNDLE_SCHEMA_VERSION = 1
+BUNDLE_SCHEMA_VERSION = 2
+"""Schema 2 added ``file_sha256``; schema 1 bundles (no checksums) are refused."""
+FILE_HASHES = "file_sha256"
+"""Manifest key: file name -> SHA-256 hex digest of every file of the bundle but the manifest."""
 _MODEL_SLOTS = ("op", "collective", "step")
+_HOOKS = ("save_to", "to_dict")
+_SLOT_METHODS = {
+    "op": ("predict_with_interval", "out_of_domain"),
+    "collective": ("predict_with_interval",),
+    "step": ("predict", "predict_interval"),
+}
+"""What the bundle calls on the model of each slot; a loaded model lacking one is refused."""
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 _ALLOWED_MODULE_PREFIX = "perfcast.models."
 _CATALOG_DIRS = (("catalog", "accelerators"), ("catalog", "fabrics"))
 
@@ -207,7 +228,8 @@ def save_bundle(
     if op_model is None and collective_model is None:
         raise BundleError("save_bundle needs op_model and/or collective_model; got neither")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}"
+    sweep_stale_temps(path.parent)
+    tmp = temp_path(path)
     tmp.mkdir()
     try:
         manifest: dict[str, Any] = {
@@ -222,19 +244,46 @@ def save_bundle(
             "metrics": dict(metrics or {}),
             "models": {},
         }
-        for slot, model in models.items():
-            if model is not None:
-                manifest["models"][slot] = _save_model(slot, model, tmp)
-        try:
-            text = json.dumps(manifest, indent=1, default=_json_default, allow_nan=True)
-        except TypeError as exc:
-            raise BundleError(f"bundle metadata is not JSON serialisable: {exc}") from None
-        (tmp / MANIFEST_FILE).write_text(text, encoding="utf-8")
-        _replace_dir(tmp, path)
+        with terminate_as_exit():
+            for slot, model in models.items():
+                if model is not None:
+                    manifest["models"][slot] = _save_model(slot, model, tmp)
+            manifest[FILE_HASHES] = file_hashes(tmp)
+            try:
+                text = json.dumps(manifest, indent=1, default=_json_default, allow_nan=True)
+            except TypeError as exc:
+                raise BundleError(f"bundle metadata is not JSON serialisable: {exc}") from None
+            (tmp / MANIFEST_FILE).write_text(text, encoding="utf-8")
+            _replace_dir(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return path
+
+
+def file_hashes(directory: str | Path) -> dict[str, str]:
+    """SHA-256 of every file of a bundle directory but the manifest, by file name (sorted).
+
+    Raises:
+        BundleError: the directory holds a sub-folder (a bundle is flat).
+    """
+    directory = Path(directory)
+    out: dict[str, str] = {}
+    for file in sorted(directory.iterdir(), key=lambda p: p.name):
+        if file.name == MANIFEST_FILE:
+            continue
+        if not file.is_file():
+            raise BundleError(f"bundle {directory} holds {file.name}, which is not a file; a bundle is flat")
+        out[file.name] = _sha256(file)
+    return out
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _xgboost_version() -> str | None:
@@ -270,11 +319,13 @@ def _save_model(slot: str, model: Any, directory: Path) -> dict[str, Any]:
 
 
 def _replace_dir(src: Path, dst: Path) -> None:
-    """Move ``src`` to ``dst``; an existing ``dst`` is swapped out, then removed."""
-    if dst.exists():
-        if dst.is_dir() and any(dst.iterdir()) and not (dst / MANIFEST_FILE).is_file():
+    """Move ``src`` to ``dst``; an existing ``dst`` (an empty folder or a bundle) is swapped out, then removed."""
+    if dst.exists() or dst.is_symlink():
+        if dst.is_symlink() or not dst.is_dir():
+            raise BundleError(f"{dst} exists and is not a folder; refusing to replace it")
+        if any(dst.iterdir()) and not (dst / MANIFEST_FILE).is_file():
             raise BundleError(f"{dst} exists and is not a bundle; refusing to replace it")
-        old = dst.parent / f".{dst.name}.old-{uuid.uuid4().hex[:8]}"
+        old = temp_path(dst, kind="old")
         dst.rename(old)
         src.rename(dst)
         shutil.rmtree(old, ignore_errors=True)
@@ -286,11 +337,13 @@ def _replace_dir(src: Path, dst: Path) -> None:
 
 
 def load_bundle(path: str | Path) -> OpPredictorBundle:
-    """Load a bundle written by :func:`save_bundle`.
+    """Load a bundle written by :func:`save_bundle`, its files verified before any is parsed.
 
     Raises:
-        BundleError: missing directory, manifest or model file (named), malformed
-            manifest, or a FeatureSpec version other than this perfcast's.
+        BundleError: missing directory or manifest, a malformed manifest (the field named),
+            a bundle without file checksums (written by an older perfcast: retrain it), a
+            missing, empty or changed file (named), a FeatureSpec version other than this
+            perfcast's, or a model that cannot be rebuilt from its files.
     """
     path = Path(path)
     manifest_path = path / MANIFEST_FILE
@@ -300,10 +353,11 @@ def load_bundle(path: str | Path) -> OpPredictorBundle:
         raise BundleError(f"bundle file {manifest_path} is missing")
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise BundleError(f"cannot read {manifest_path}: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"{manifest_path} is not a perfcast op bundle manifest")
+    hashes = _verify_files(path, manifest)
     version = manifest.get("feature_spec_version")
     if version != FEATURE_SPEC_VERSION:
         raise BundleError(
@@ -317,43 +371,203 @@ def load_bundle(path: str | Path) -> OpPredictorBundle:
             path,
             str(manifest.get("catalog_sha256"))[:12],
         )
+    metrics = manifest.get("metrics")
+    if metrics is not None and not isinstance(metrics, dict):
+        raise BundleError(f"{manifest_path}: metrics must be an object, got {type(metrics).__name__}")
     models_meta = manifest.get("models")
     if not isinstance(models_meta, dict) or not models_meta:
-        raise BundleError(f"{manifest_path} lists no models")
+        raise BundleError(f"{manifest_path} lists no models (models must be an object of slot -> model entry)")
     loaded: dict[str, Any] = {}
     for slot, entry in models_meta.items():
         if slot not in _MODEL_SLOTS:
             raise BundleError(f"{manifest_path}: unknown model slot {slot!r}; allowed: {', '.join(_MODEL_SLOTS)}")
+        _check_entry(manifest_path, slot, entry, hashes)
         loaded[slot] = _load_model(path, slot, entry)
-    return OpPredictorBundle(
+    if "op" not in loaded and "collective" not in loaded:
+        raise BundleError(f"{manifest_path}: models has no op or collective model (found: {', '.join(loaded)})")
+    bundle = OpPredictorBundle(
         path=path,
         manifest=manifest,
         op_model=loaded.get("op"),
         collective_model=loaded.get("collective"),
         step_model=loaded.get("step"),
-        metrics=dict(manifest.get("metrics") or {}),
+        metrics=dict(metrics or {}),
     )
+    _probe(bundle)
+    return bundle
 
 
-def _load_model(path: Path, slot: str, entry: Any) -> Any:
-    if not isinstance(entry, dict) or "class" not in entry or "meta" not in entry:
-        raise BundleError(f"{path / MANIFEST_FILE}: {slot} model entry is malformed")
-    for name in entry.get("files", []):
-        if not (path / name).is_file():
-            raise BundleError(f"bundle file {path / name} is missing ({slot} model)")
+_PROBE_GPU = "h100-sxm5-80gb"
+_PROBE_OPS = (
+    {"op": "matmul", "batch": 1, "m": 1024, "n": 1024, "k": 1024},
+    {"op": "layernorm", "rows": 4096, "cols": 1024},
+    {"op": "attention", "batch": 1, "heads": 16, "kv_heads": 16, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64,
+     "causal": True},
+    {"op": "allreduce", "bytes": 1 << 24, "n_ranks": 8, "ranks_per_node": 8},
+)  # fmt: skip
+_PROBE_RUN = {"model": "gpt3-125m", "gpu": _PROBE_GPU, "dp": 2, "micro_batch": 2, "global_batch": 8}
+_PROBE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, ZeroDivisionError)
+
+
+def _probe(bundle: OpPredictorBundle) -> None:
+    """Predict one op of each class (and one step when there is a step model) with the loaded models.
+
+    A manifest whose fields are individually well-formed can still disagree with itself
+    (an op class with a booster but no launch time, an interval for a class it lacks);
+    this surfaces that at load, as a BundleError, rather than as a crash on the first query.
+    """
+    ops = pd.DataFrame([{**row, "dtype": "bf16", "gpu": _PROBE_GPU} for row in _PROBE_OPS])
+    what = "an op of each class"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pred, lo, hi, _ = bundle.predict_ops_flagged(ops)
+            if bundle.step_model is not None:
+                from perfcast.features.run_config import parse_run_row
+
+                what = "a training step"
+                steps = bundle.step_predictor().predict_configs([parse_run_row(_PROBE_RUN)])
+                pred = np.append(pred, steps["step_ms"].to_numpy(dtype=float))
+    except (PerfcastError, *_PROBE_ERRORS) as exc:
+        raise BundleError(
+            f"bundle {bundle.path}: its models fail to predict {what} (a manifest field missing or malformed?): "
+            f"{exc!r:.300}"
+        ) from None
+    if not (np.isfinite(pred) & (pred > 0)).all():
+        raise BundleError(
+            f"bundle {bundle.path}: its models predict non-positive or non-finite times ({pred.tolist()} ms for "
+            f"{what}); a manifest field is malformed"
+        )
+
+
+def _verify_files(path: Path, manifest: dict[str, Any]) -> dict[str, str]:
+    """Check every file the manifest's checksums list: present, non-empty, same SHA-256. Returns them."""
+    manifest_path = path / MANIFEST_FILE
+    schema = manifest.get("schema_version")
+    hashes = manifest.get(FILE_HASHES)
+    if hashes is None and schema in (None, 1):
+        raise BundleError(
+            f"bundle {path} has no file checksums (bundle schema {schema}, written by an older perfcast), so its "
+            f"files cannot be verified before loading: retrain it (perfcast train ops|steps) to save it anew"
+        )
+    if schema != BUNDLE_SCHEMA_VERSION:
+        raise BundleError(
+            f"{manifest_path}: schema_version={schema!r}; this perfcast reads bundle schema {BUNDLE_SCHEMA_VERSION}"
+        )
+    if not isinstance(hashes, dict) or not hashes:
+        raise BundleError(
+            f"{manifest_path}: {FILE_HASHES} must be a non-empty object of file name -> sha256, got {hashes!r:.80}"
+        )
+    for name, digest in hashes.items():
+        _check_file_name(manifest_path, f"{FILE_HASHES} key", name)
+        if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+            raise BundleError(
+                f"{manifest_path}: {FILE_HASHES}[{name!r}]={digest!r:.80} is not a sha256 hex digest (64 of 0-9a-f)"
+            )
+        file = path / name
+        if not file.is_file():
+            raise BundleError(f"bundle file {file} is missing")
+        if file.stat().st_size == 0:
+            raise BundleError(f"bundle file {file} is empty")
+        try:
+            actual = _sha256(file)
+        except OSError as exc:
+            raise BundleError(f"bundle file {file} cannot be read: {exc}") from None
+        if actual != digest:
+            raise BundleError(
+                f"bundle file {file} is damaged or was changed after saving: its sha256 {actual[:16]}... differs "
+                f"from the manifest's {digest[:16]}...; restore the file or retrain the bundle"
+            )
+    return hashes
+
+
+def _check_file_name(manifest_path: Path, where: str, name: Any) -> None:
+    """A file of the bundle is named by a plain file name: no folders, no ``..``, not the manifest."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..", MANIFEST_FILE)
+        or "/" in name
+        or "\\" in name
+        or os.sep in name
+        or "\0" in name
+    ):
+        raise BundleError(f"{manifest_path}: {where} {name!r:.80} is not a plain file name of the bundle")
+
+
+def _file_refs(meta: Any) -> Iterator[tuple[str, Any]]:
+    """(key, name) of every file a model's metadata names: values of ``files``, ``*_file`` and ``*_files``."""
+    if not isinstance(meta, dict):
+        return
+    for key, value in meta.items():
+        if not isinstance(key, str) or not (key == "files" or key.endswith(("_file", "_files"))):
+            continue
+        if isinstance(value, dict):
+            yield from ((f"{key}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            yield from ((f"{key}[{i}]", v) for i, v in enumerate(value))
+        else:
+            yield key, value
+
+
+def _check_entry(manifest_path: Path, slot: str, entry: Any, hashes: dict[str, str]) -> None:
+    """A model entry's shape, and every file it names covered by the verified checksums."""
+    where = f"{manifest_path}: models.{slot}"
+    if not isinstance(entry, dict):
+        raise BundleError(f"{where} must be an object, got {type(entry).__name__}")
+    for key in ("class", "hook"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise BundleError(f"{where}.{key} must be a non-empty string, got {entry.get(key)!r:.80}")
+    if entry["hook"] not in _HOOKS:
+        raise BundleError(f"{where}.hook={entry['hook']!r:.80}; allowed: {', '.join(_HOOKS)}")
+    if not isinstance(entry.get("meta"), dict):
+        raise BundleError(f"{where}.meta must be an object, got {type(entry.get('meta')).__name__}")
+    files = entry.get("files")
+    if not isinstance(files, list) or not files:
+        raise BundleError(f"{where}.files must be a non-empty list of the model's file names, got {files!r:.80}")
+    refs = [(f"files[{i}]", name) for i, name in enumerate(files)] + [
+        (f"meta.{key}", name) for key, name in _file_refs(entry["meta"])
+    ]
+    if entry["hook"] == "to_dict":
+        refs.append(("booster_file", entry.get("booster_file")))
+    for key, name in refs:
+        _check_file_name(manifest_path, f"models.{slot}.{key}", name)
+        if name not in hashes:
+            raise BundleError(f"{where}.{key} names {name!r}, which {FILE_HASHES} does not cover")
+
+
+def _load_model(path: Path, slot: str, entry: dict[str, Any]) -> Any:
+    """Rebuild one model from its (already verified) files; any failure is a BundleError naming the slot."""
     kls = _import_class(entry["class"])
-    hook = entry.get("hook")
-    if hook == "save_to" and hasattr(kls, "_load_from"):
-        return kls._load_from(path, entry["meta"])
-    if hook == "to_dict" and hasattr(kls, "from_dict"):
-        import xgboost as xgb
+    hook = entry["hook"]
+    files = ", ".join(entry["files"])
+    try:
+        if hook == "save_to" and hasattr(kls, "_load_from"):
+            model = kls._load_from(path, entry["meta"])
+        elif hook == "to_dict" and hasattr(kls, "from_dict"):
+            import xgboost as xgb
 
-        model = kls.from_dict(entry["meta"])
-        booster = xgb.Booster()
-        booster.load_model(str(path / entry["booster_file"]))
-        model.booster_ = booster
-        return model
-    raise BundleError(f"{slot} model {entry['class']} cannot be loaded with hook {hook!r}")
+            model = kls.from_dict(entry["meta"])
+            booster = xgb.Booster()
+            booster.load_model(str(path / entry["booster_file"]))
+            model.booster_ = booster
+        else:
+            raise BundleError(f"{slot} model {entry['class']} cannot be loaded with hook {hook!r}")
+    except BundleError:
+        raise
+    except (
+        KeyError, TypeError, ValueError, AttributeError, IndexError, OSError, RuntimeError, EOFError,
+        pickle.UnpicklingError, RecursionError,
+    ) as exc:  # fmt: skip
+        # XGBoostError is a ValueError; torch raises RuntimeError or UnpicklingError for a bad state_dict
+        raise BundleError(f"bundle {path}: {slot} model ({files}) cannot be loaded: {exc!r:.300}") from None
+    missing = [m for m in _SLOT_METHODS[slot] if not callable(getattr(model, m, None))]
+    if missing:
+        raise BundleError(
+            f"{path / MANIFEST_FILE}: models.{slot}.class={entry['class']!r} is not a {slot} model (it lacks "
+            f"{', '.join(missing)})"
+        )
+    return model
 
 
 def _import_class(dotted: str) -> type:
@@ -363,5 +577,5 @@ def _import_class(dotted: str) -> type:
         raise BundleError(f"model class {dotted!r} is not a perfcast.models class")
     try:
         return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError) as exc:
+    except (ImportError, AttributeError, ValueError) as exc:
         raise BundleError(f"model class {dotted!r} cannot be imported: {exc}") from None
