@@ -472,3 +472,32 @@ def test_descriptor_figures_keep_known_figures_and_nan_where_no_peer_has_one():
     }  # fmt: skip
     tpu = descriptor_figures(HardwareSpec.from_name("tpu-v5p"))
     assert tpu["sm_count"] == 2 and math.isnan(tpu["l2_cache_mib"])  # no Google entry states an L2
+
+
+def test_one_malformed_user_hardware_file_is_skipped_with_one_warning(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from perfcast.features import hardware
+
+    good = HardwareSpec.from_name("h100-sxm5-80gb").model_dump(mode="json")
+    (tmp_path / "my-gpu.json").write_text(json.dumps({**good, "id": "my-gpu", "name": "My GPU", "aliases": []}))
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    (tmp_path / "shadow.json").write_text(json.dumps(good))  # reuses a shipped id
+    monkeypatch.setenv(hardware.USER_HARDWARE_ENV, str(tmp_path))
+    for cached in (hardware._load_hardware, hardware._alias_index, hardware._suggestion_candidates):
+        cached.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="perfcast.features.hardware"):
+            assert hardware.resolve_gpu_name("my-gpu") == "my-gpu"
+            assert hardware.resolve_gpu_name("NVIDIA H100 80GB HBM3") == "h100-sxm5-80gb"
+            hardware.resolve_gpu_name("a100-sxm4-80gb")
+        skipped = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
+        assert len(skipped) == 3  # once per bad file, not once per lookup
+        assert any("broken.json" in m and "invalid JSON" in m for m in skipped)
+        assert any("binary.json" in m for m in skipped)
+        assert any("shadow.json" in m and "shadows a catalog entry" in m for m in skipped)
+    finally:
+        monkeypatch.delenv(hardware.USER_HARDWARE_ENV)
+        for cached in (hardware._load_hardware, hardware._alias_index, hardware._suggestion_candidates):
+            cached.cache_clear()

@@ -725,14 +725,34 @@ def add_user_hardware(spec: HardwareSpec, directory: Path | None = None) -> Path
 
 @lru_cache(maxsize=1)
 def _load_hardware() -> Mapping[str, HardwareSpec]:
-    """The shipped catalog plus the user's entries (which may not reuse a shipped id)."""
+    """The shipped catalog plus the user's entries (which may not reuse a shipped id).
+
+    A user file that cannot be used (unreadable, invalid, shadowing a shipped id or another
+    user file's id) is skipped with one warning naming the file and the reason; the other
+    entries and the catalog stay available.
+    """
     entries = _load_dir(HardwareSpec, _ACCELERATOR_DIR)
     user = user_hardware_dir()
-    for path in sorted(user.glob("*.json")) if user.is_dir() else ():
-        spec = HardwareSpec.from_file(path)
-        if spec.id in entries:
-            raise SpecError(f"{path}: id={spec.id!r} shadows a catalog entry; rename it")
+    try:
+        paths = sorted(user.glob("*.json")) if user.is_dir() else []
+    except OSError as exc:
+        logger.warning("user hardware folder %s cannot be read, skipped: %s", user, exc)
+        paths = []
+    from_user: dict[str, Path] = {}
+    for path in paths:
+        try:
+            spec = HardwareSpec.from_file(path)
+            if spec.id in from_user:
+                raise SpecError(f"id={spec.id!r} is also the id of {from_user[spec.id]}; give each entry its own id")
+            if spec.id in entries:
+                raise SpecError(f"id={spec.id!r} shadows a catalog entry; rename it")
+            check_alias_index([*entries.values(), spec])
+        except (SpecError, OSError, UnicodeDecodeError) as exc:  # read_json lets a non-UTF-8 file through
+            reason = str(exc).removeprefix(f"{path}: ")
+            logger.warning("user hardware file %s skipped: %s", path, reason)
+            continue
         entries[spec.id] = spec
+        from_user[spec.id] = path
     return MappingProxyType(entries)
 
 
