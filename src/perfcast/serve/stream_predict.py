@@ -3,7 +3,9 @@
 Memory stays bounded by the chunk (``chunk_rows`` rows, 50,000 by default), whatever the
 file's size; each chunk is predicted as one batch (every distinct op of the chunk once),
 appended to the output, and reported to ``progress``. The output is written atomically
-(:class:`~perfcast.data.table_stream.TableWriter`). With ``breakdown`` every chunk gets
+(:class:`~perfcast.data.table_stream.TableWriter`), whatever the column types of each chunk
+(a chunk of only invalid rows has all-NaN predictions); a table without rows gives its
+input columns and the output columns, no rows. With ``breakdown`` every chunk gets
 the same breakdown columns (a communication group absent from a chunk is 0 there), so
 chunks stack into one table.
 """
