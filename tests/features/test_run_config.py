@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.model import ModelSpec
-from perfcast.features.parallel import Recompute
-from perfcast.features.run_config import parse_run_row
+from perfcast.features.parallel import Finetune, Recompute
+from perfcast.features.run_config import DEFAULT_LORA_RANK, parse_run_row
 
 
 def test_preset_with_overrides():
@@ -159,3 +160,40 @@ def test_parse_run_table_gives_each_rows_config_or_error():
     assert got[0] is not got[3] and got[0].parallel is got[3].parallel  # one spec per distinct layout
     assert sum(isinstance(p, SpecError) for p in got) == 10
     assert parse_run_table(pd.DataFrame(index=range(2)))[1].args[0].startswith("missing model fields")
+
+
+LLAMA_ON_8 = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "micro_batch": 1, "gpu": "h100-sxm5-80gb",
+              "num_gpus": 8, "dtype": "bf16", "recompute": "none", "flash_attention": True}  # fmt: skip
+
+
+def test_lora_without_a_rank_gets_the_default_rank_and_says_so():
+    for given in ({}, {"lora_rank": 0}, {"lora_rank": float("nan")}):
+        config = parse_run_row({**LLAMA_ON_8, "finetune": "lora", **given})
+        assert config.parallel.lora_rank == DEFAULT_LORA_RANK and "lora_rank" in config.defaulted
+    stated = parse_run_row({**LLAMA_ON_8, "finetune": "lora", "lora_rank": 8})
+    assert stated.parallel.lora_rank == 8 and "lora_rank" not in stated.defaulted
+
+
+def test_sft_is_full_parameter_training_with_the_same_graph():
+    from perfcast.features.workload import build_workload_graph
+
+    full, sft = (parse_run_row({**LLAMA_ON_8, "finetune": tune}) for tune in ("full", "sft"))
+    assert sft.parallel.finetune is Finetune.SFT and sft.parallel.finetune.trains_all_weights
+    graphs = [build_workload_graph(c.model, c.parallel, c.cluster).nodes for c in (full, sft)]
+    pd.testing.assert_frame_equal(graphs[0], graphs[1])
+    with pytest.raises(SpecError, match="finetune=sft"):
+        parse_run_row({**LLAMA_ON_8, "finetune": "sft", "lora_rank": 8})
+
+
+def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
+    stated = parse_run_row({**LLAMA_ON_8, "sequence_parallel": True, "zero_stage": 1, "overlap_grad_reduce": False,
+                            "gpus_per_node": 8})  # fmt: skip
+    assert stated.defaulted == ()
+    bare = parse_run_row({"model": "llama2-7b", "gpu": "h100-sxm5-80gb"})
+    assert set(bare.defaulted) == {"micro_batch", "global_batch", "dtype", "recompute", "flash_attention", "num_gpus"}
+    by_fields = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000,
+                               "gpu": "h100-sxm5-80gb"})  # fmt: skip
+    assert {"seq_len", "ffn_hidden_size", "num_kv_heads"} <= set(by_fields.defaulted)
+    from_reader = parse_run_row({**LLAMA_ON_8, "defaulted_fields": "vpp, overlap_grad_reduce", "tp": 1, "dp": 8})
+    assert from_reader.defaulted[:2] == ("vpp", "overlap_grad_reduce")  # the reader's names first, once each
+    assert from_reader.defaulted.count("overlap_grad_reduce") == 1

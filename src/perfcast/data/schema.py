@@ -141,7 +141,7 @@ RUN_BOOL_COLUMNS = ("sequence_parallel", "gated_mlp", "tied_embeddings", "flash_
 RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""
 RECOMPUTE_NAMES = ("none", "selective", "full")
-FINETUNE_NAMES = ("full", "lora")
+FINETUNE_NAMES = ("full", "sft", "lora")
 
 
 FIELD_MAX: dict[str, int] = {

@@ -30,10 +30,19 @@ class Recompute(str, Enum):
 
 
 class Finetune(str, Enum):
-    """Which weights are trained: all of them, or low-rank adapters on a frozen base."""
+    """Which weights are trained: all of them (pre-training ``full``, or ``sft``: full-parameter
+    supervised fine-tuning, the same graph on packed sequences), or low-rank adapters on a
+    frozen base (``lora``: no weight gradients or optimizer state for the base, activation
+    gradients still flow through it)."""
 
     FULL = "full"
+    SFT = "sft"
     LORA = "lora"
+
+    @property
+    def trains_all_weights(self) -> bool:
+        """Every weight gets a gradient and optimizer state (``full`` and ``sft``)."""
+        return self is not Finetune.LORA
 
 
 class ParallelConfig(BaseModel):
@@ -88,8 +97,10 @@ class ParallelConfig(BaseModel):
             raise SpecError(f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}")
         if self.finetune is Finetune.LORA and self.lora_rank < 1:
             raise SpecError(f"finetune=lora needs lora_rank >= 1; got lora_rank={self.lora_rank}")
-        if self.finetune is Finetune.FULL and self.lora_rank:
-            raise SpecError(f"lora_rank={self.lora_rank} is set but finetune=full; use finetune=lora")
+        if self.finetune.trains_all_weights and self.lora_rank:
+            raise SpecError(
+                f"lora_rank={self.lora_rank} is set but finetune={self.finetune.value}; use finetune=lora"
+            )
         return self
 
     @property

@@ -30,7 +30,7 @@ from perfcast.errors import PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.model_source import ModelSource, model_key
-from perfcast.features.parallel import ParallelConfig, check_layout
+from perfcast.features.parallel import Finetune, ParallelConfig, check_layout
 
 MODEL_FIELDS = (
     "num_layers",
@@ -61,13 +61,25 @@ _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_f
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
 
 
+DEFAULT_LORA_RANK = 16
+"""Adapter rank of a ``finetune=lora`` row that states none (or 0)."""
+DEFAULTED_COLUMN = "defaulted_fields"
+"""Run-table column naming, comma-separated, the inputs a default filled (readers' and the parser's)."""
+
+
 @dataclass(frozen=True)
 class RunConfig:
-    """A checked training config: what runs, how it is split, and on what."""
+    """A checked training config: what runs, how it is split, and on what.
+
+    ``defaulted`` names the run-table inputs the row did not state that a default filled
+    and that matter for this layout (see :func:`defaulted_names`), after the names the
+    row's own ``defaulted_fields`` cell gave (a reader's fills).
+    """
 
     model: ModelSpec
     parallel: ParallelConfig
     cluster: ClusterSpec
+    defaulted: tuple[str, ...] = ()
 
     @property
     def tokens_per_step(self) -> int:
@@ -142,8 +154,10 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
 
 _ABSENT = object()
 """An empty cell."""
-_CELL_FIELDS = (*MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "inter_node")
-_TEXT_FIELDS = frozenset(("model", "gpu", "inter_node"))
+_CELL_FIELDS = (
+    *MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "inter_node", DEFAULTED_COLUMN
+)  # fmt: skip
+_TEXT_FIELDS = frozenset(("model", "gpu", "inter_node", DEFAULTED_COLUMN))
 """Cells read as text (stripped), with no type of their own."""
 
 
@@ -210,6 +224,9 @@ class _RowParser:
             model = self._memo(("fields", *model_fields.items()), _validate, ModelSpec, model_fields, "model")
 
         parallel_fields = _fields(cells, PARALLEL_FIELDS)
+        lora = str(parallel_fields.get("finetune", "")).strip().lower() == "lora"
+        if lora and not parallel_fields.get("lora_rank"):
+            parallel_fields["lora_rank"] = DEFAULT_LORA_RANK
         parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
         key = ("parallel", *parallel_fields.items())
         parallel = self._memo(key, _validate, ParallelConfig, parallel_fields, "parallel")
@@ -224,7 +241,41 @@ class _RowParser:
         check_layout(model, parallel, cluster)
         # the GPU must run the dtype (no bf16 on a V100)
         self._memo(("peak", cluster.gpu.id, parallel.dtype), cluster.gpu.peak_tflops, parallel.dtype)
-        return RunConfig(model=model, parallel=parallel, cluster=cluster)
+        given = [n.strip() for n in str(cells.get(DEFAULTED_COLUMN, "")).split(",") if n.strip()]
+        names = defaulted_names(cells, parallel, cluster, model_by_fields="model" not in cells)
+        defaulted = tuple(dict.fromkeys([*given, *names]))
+        return RunConfig(model=model, parallel=parallel, cluster=cluster, defaulted=defaulted)
+
+
+def defaulted_names(
+    cells: Mapping[str, Any], parallel: ParallelConfig, cluster: ClusterSpec, *, model_by_fields: bool
+) -> list[str]:
+    """The run-table inputs absent from ``cells`` whose default shapes this config's prediction.
+
+    Parallel degrees (``tp, pp, dp, cp, ep``) are not listed: an absent degree means no such
+    parallelism. A preset's or config file's model fields are stated by it; a model given
+    by fields lists the shape fields it left to their defaults.
+    """
+    p = parallel
+    relevant = {
+        "seq_len": model_by_fields,
+        "ffn_hidden_size": model_by_fields,
+        "num_kv_heads": model_by_fields,
+        "micro_batch": True,
+        "global_batch": True,
+        "dtype": True,
+        "recompute": True,
+        "flash_attention": True,
+        "lora_rank": p.finetune is Finetune.LORA and not cells.get("lora_rank"),
+        "vpp": p.pp > 1,
+        "sequence_parallel": p.tp > 1,
+        "zero_stage": p.dp * p.cp > 1,
+        "overlap_grad_reduce": p.dp * p.cp > 1,
+        "num_gpus": True,
+        "gpus_per_node": cluster.num_gpus > 1,
+        "inter_node": cluster.num_gpus > cluster.gpus_per_node,
+    }
+    return [name for name, matters in relevant.items() if matters and (name not in cells or name == "lora_rank")]
 
 
 def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -653,7 +653,7 @@ def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ct
             n_ranks=ctx.tp,
             ranks_per_node=ctx.tp_rpn,
         )
-    if p.finetune is Finetune.FULL:
+    if p.finetune.trains_all_weights:
         b.add(
             "embedding.bwd",
             scope,
@@ -719,7 +719,7 @@ def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: Clu
         for name, op in syncs:
             b.add(f"{group}.{name}", Scope.STEP, Phase.STEP, op, group=group, bytes=params * gb, n_ranks=ranks,
                   ranks_per_node=rpn)  # fmt: skip
-    if model.tied_embeddings and p.pp > 1 and p.finetune is Finetune.FULL:
+    if model.tied_embeddings and p.pp > 1 and p.finetune.trains_all_weights:
         rpn = 2 if p.tp * p.cp * p.dp * (p.pp - 1) < g else 1
         b.add(
             "embedding.grad_sync",
