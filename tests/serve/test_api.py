@@ -219,3 +219,10 @@ def test_nan_bytes_and_huge_op_sizes_are_422s(client: TestClient) -> None:
     assert response.status_code == 422 and response.json()["detail"][0]["loc"] == ["body", "rows", 0, "bytes"]
     huge = client.post("/v1/predict/ops", json={"rows": [{**GEMM, "m": 2**62}]})
     assert huge.status_code == 422
+
+
+def test_rows_say_which_inputs_were_defaulted(client: TestClient) -> None:
+    rows = [{**RUN, "finetune": "lora"}, {**RUN, "defaulted_fields": "vpp"}]
+    lora, given = client.post("/v1/predict/steps", json={"rows": rows}).json()["rows"]
+    assert "lora_rank" in lora["defaulted_fields"].split(",") and lora["error"] == ""
+    assert given["defaulted_fields"].split(",")[0] == "vpp" and "dtype" in given["defaulted_fields"]

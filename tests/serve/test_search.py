@@ -74,3 +74,11 @@ def test_search_is_bounded_and_says_why_nothing_is_ranked() -> None:
     once = search_layouts("gpt3-125m", ["a100-sxm4-80gb"], 4, 16, predictor=analytic)
     twice = search_layouts("gpt3-125m", ["a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB"], 4, 16, predictor=analytic)
     assert twice.n_layouts == once.n_layouts and len(twice.ranked) == len(once.ranked)
+
+
+def test_cli_refuses_a_bad_output_before_searching(tmp_path) -> None:
+    args = ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--num-gpus", "4", "--global-batch", "16",
+            "--predictor", "analytic"]  # fmt: skip
+    for target in (tmp_path / "x.txt", tmp_path):
+        result = CliRunner().invoke(app, [*args, "-o", str(target)])
+        assert result.exit_code == 2 and "layouts" not in result.output, result.output

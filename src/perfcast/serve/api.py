@@ -22,6 +22,9 @@ field and row, without echoing the input. A row that parses but is not a valid o
 config is answered with its reason in ``error`` while the other rows are predicted.
 Input fields that are output names are dropped, with a note in ``warnings``.
 
+Stored calibrations (``perfcast calibrate``) are read when the service starts and applied
+unless a request says ``"calibration": false``; each row names the one applied.
+
 Parsing and prediction run in a small thread pool (``prediction_threads``), off the event
 loop, so ``/healthz`` and small requests stay fast while large batches are predicted.
 """
@@ -44,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from perfcast.data.schema import FIELD_MAX, FIELD_MIN_ZERO
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
+from perfcast.features.run_config import DEFAULTED_COLUMN
 from perfcast.serve.batch import (
     DEFAULT_COVERAGE,
     OP_OUTPUT_NAMES,
@@ -51,7 +55,7 @@ from perfcast.serve.batch import (
     predict_ops_table,
     predict_steps_table,
 )
-from perfcast.serve.predictors import load_op_predictor, load_step_predictor
+from perfcast.serve.predictors import load_op_predictor, load_step_predictor, with_calibrations
 from perfcast.serve.service_limits import ServiceLimits
 
 __version__ = version("perfcast")
@@ -131,7 +135,7 @@ class RunRow(BaseModel):
     sequence_parallel: bool | None = None
     zero_stage: int | None = _size("zero_stage")
     recompute: str | None = Field(None, max_length=32, description="none, selective or full")
-    finetune: str | None = Field(None, max_length=32, description="full or lora")
+    finetune: str | None = Field(None, max_length=32, description="full, sft or lora")
     lora_rank: int | None = _size("lora_rank")
     dtype: str | None = Field(None, max_length=32)
     flash_attention: bool | None = None
@@ -150,6 +154,7 @@ class OpsRequest(BaseModel):
 
     rows: list[OpRow] = Field(..., min_length=1)
     coverage: float = _Coverage
+    calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate)")
 
 
 class StepsRequest(BaseModel):
@@ -158,6 +163,7 @@ class StepsRequest(BaseModel):
     rows: list[RunRow] = Field(..., min_length=1)
     coverage: float = _Coverage
     breakdown: bool = False
+    calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate steps)")
 
 
 class SearchRequest(BaseModel):
@@ -173,6 +179,7 @@ class SearchRequest(BaseModel):
     dtype: str = Field("bf16", max_length=32)
     price_per_gpu_hour: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD; ranks by cost per step")
     coverage: float = _Coverage
+    calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate steps)")
     top: int = Field(20, ge=1, le=10_000, description="Layouts returned, best first")
 
 
@@ -252,7 +259,7 @@ def _table(rows: list[BaseModel], outputs: frozenset[str]) -> tuple[list[dict[st
 
 def _records(given: list[dict[str, Any]], frame: pd.DataFrame) -> list[dict[str, Any]]:
     """Each request row as sent, followed by the columns prediction added (NaN as null)."""
-    sent = set().union(*given)
+    sent = set().union(*given) - {DEFAULTED_COLUMN}  # a row's defaulted names come back with the parser's added
     added = [c for c in frame.columns if c not in sent]
     out = frame[added].to_dict(orient="records")
     return [{**g, **{k: _json_value(v) for k, v in a.items()}} for g, a in zip(given, out, strict=True)]
@@ -297,8 +304,9 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         limits: what one request may ask (default :class:`ServiceLimits`).
     """
     limits = limits or ServiceLimits()
-    op_predictor = load_op_predictor(model)
-    step_predictor = load_step_predictor(model)
+    bare = {"ops": load_op_predictor(model), "steps": load_step_predictor(model)}
+    calibrated = {kind: with_calibrations(predictor, kind) for kind, predictor in bare.items()}
+    op_predictor, step_predictor = calibrated["ops"], calibrated["steps"]
     model_source = ModelSource.restricted_to(limits.model_dirs)
     workers = anyio.CapacityLimiter(limits.prediction_threads)
     app = FastAPI(
@@ -354,9 +362,10 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         request = _parse(raw, OpsRequest)
         check_rows(len(request.rows))
         given, frame, notes = _table(request.rows, OP_OUTPUT_NAMES)
-        out = predict_ops_table(frame, predictor=op_predictor, coverage=request.coverage)
+        predictor = (calibrated if request.calibration else bare)["ops"]
+        out = predict_ops_table(frame, predictor=predictor, coverage=request.coverage)
         return _json_response({
-            "predictor": op_predictor.name, "coverage": request.coverage,
+            "predictor": predictor.name, "coverage": request.coverage,
             "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
         })  # fmt: skip
 
@@ -364,10 +373,11 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         request = _parse(raw, StepsRequest)
         check_rows(len(request.rows))
         given, frame, notes = _table(request.rows, STEP_OUTPUT_NAMES)
-        out = predict_steps_table(frame, predictor=step_predictor, coverage=request.coverage,
+        predictor = (calibrated if request.calibration else bare)["steps"]
+        out = predict_steps_table(frame, predictor=predictor, coverage=request.coverage,
                                   breakdown=request.breakdown, model_source=model_source)  # fmt: skip
         return _json_response({
-            "predictor": step_predictor.name, "coverage": request.coverage,
+            "predictor": predictor.name, "coverage": request.coverage,
             "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
         })  # fmt: skip
 
@@ -376,9 +386,10 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         from perfcast.serve.search import search_layouts
 
         request = _parse(raw, SearchRequest)
+        predictor = (calibrated if request.calibration else bare)["steps"]
         try:
             result = search_layouts(
-                request.model, request.gpus, request.num_gpus, request.global_batch, predictor=step_predictor,
+                request.model, request.gpus, request.num_gpus, request.global_batch, predictor=predictor,
                 gpus_per_node=request.gpus_per_node, inter_node=request.inter_node, seq_len=request.seq_len,
                 dtype=DType.parse(request.dtype), price_per_gpu_hour=request.price_per_gpu_hour,
                 coverage=request.coverage, model_source=model_source, max_layouts=limits.max_search_layouts,
@@ -387,7 +398,7 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
             raise RequestRefused(422, str(exc)) from None
         top = result.ranked.head(request.top)
         return _json_response({
-            "predictor": step_predictor.name, "n_layouts": result.n_layouts,
+            "predictor": predictor.name, "n_layouts": result.n_layouts,
             "n_out_of_memory": result.n_out_of_memory, "n_ranked": len(result.ranked),
             "layouts": [{k: _json_value(v) for k, v in row.items()} for row in top.to_dict("records")],
         })  # fmt: skip

@@ -8,6 +8,7 @@ nothing crashes, nothing is dropped.
 from __future__ import annotations
 
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -24,9 +25,10 @@ from perfcast.features.memory import peak_memory_table
 from perfcast.features.model_source import ModelSource
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.parallel import Finetune
-from perfcast.features.run_config import RunConfig, parse_run_table
+from perfcast.features.run_config import DEFAULTED_COLUMN, RunConfig, parse_run_table
 from perfcast.features.run_features import COMM_GROUPS
 from perfcast.models import analytic
+from perfcast.models.correction_store import CALIBRATION_COLUMN
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
 logger = logging.getLogger(__name__)
@@ -85,19 +87,12 @@ BREAKDOWN_COLUMNS = (
     *MEMORY_PART_COLUMNS,
 )  # fmt: skip
 """Columns ``breakdown`` adds to a run table, in order."""
-CALIBRATION_OUTPUT = "calibration"
 STEP_OUTPUT_NAMES = frozenset(
-    {
-        *RUN_OUTPUT_COLUMNS,
-        *BREAKDOWN_COLUMNS,
-        ERROR_COLUMN,
-        OUT_OF_DOMAIN_COLUMN,
-        CALIBRATION_OUTPUT,
-        "defaulted_fields",
-    }
+    {*RUN_OUTPUT_COLUMNS, *BREAKDOWN_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, CALIBRATION_COLUMN}
 )
-"""Every column step prediction writes; an input column of one of these names is dropped."""
-OP_OUTPUT_NAMES = frozenset({*OP_OUTPUT_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, CALIBRATION_OUTPUT})
+"""Every column step prediction writes from scratch; an input column of one of these names is dropped
+(``defaulted_fields`` is both: the names a row gives are kept and the parser's are added)."""
+OP_OUTPUT_NAMES = frozenset({*OP_OUTPUT_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, CALIBRATION_COLUMN})
 """Every column op prediction writes; an input column of one of these names is dropped."""
 
 
@@ -160,6 +155,7 @@ def predict_steps_table(
     out["fits_memory"] = out["fits_memory"].astype(object)
     if getattr(predictor, "flags_out_of_domain", False):  # the same columns for every batch of a predictor
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
+    out.insert(out.columns.get_loc(ERROR_COLUMN), CALIBRATION_COLUMN, np.full(len(out), "", dtype=object))
     positions: list[int] = []
     configs: list[RunConfig] = []
     errors = out[ERROR_COLUMN].to_numpy(dtype=object)
@@ -170,6 +166,7 @@ def predict_steps_table(
         else:
             errors[pos] = str(parsed)
     out[ERROR_COLUMN] = errors
+    _write_defaulted(out, positions, configs)
     parts: list[pd.DataFrame] = []
     for start in range(0, len(configs), STEP_CHUNK_ROWS):
         chunk = configs[start : start + STEP_CHUNK_ROWS]
@@ -185,6 +182,9 @@ def predict_steps_table(
             if OUT_OF_DOMAIN_COLUMN in frame.columns:
                 out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
                 frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
+            if CALIBRATION_COLUMN in frame.columns:  # a calibrated predictor names the correction of each row
+                out.iloc[pos, out.columns.get_loc(CALIBRATION_COLUMN)] = frame[CALIBRATION_COLUMN].to_numpy(object)
+                frame = frame.drop(columns=[CALIBRATION_COLUMN])
             parts.append(frame.drop(columns=list(RUN_OUTPUT_COLUMNS)))
         if progress is not None:
             progress(len(chunk))
@@ -206,6 +206,19 @@ def predict_steps_table(
         extra.index = out.index
         out = pd.concat([out.drop(columns=[ERROR_COLUMN]), extra, out[[ERROR_COLUMN]]], axis=1)
     return out
+
+
+def _write_defaulted(out: pd.DataFrame, positions: list[int], configs: list[RunConfig]) -> None:
+    """Put the ``defaulted_fields`` column just before ``error``: each valid row's defaulted
+    inputs, comma-separated (an invalid row keeps the cell it was given, or "")."""
+    if DEFAULTED_COLUMN in out.columns:
+        given = out.pop(DEFAULTED_COLUMN)
+        values = np.array(given.astype(object).where(given.notna(), ""), dtype=object)
+    else:
+        values = np.full(len(out), "", dtype=object)
+    for pos, config in zip(positions, configs, strict=True):
+        values[pos] = ",".join(config.defaulted)
+    out.insert(out.columns.get_loc(ERROR_COLUMN), DEFAULTED_COLUMN, values)
 
 
 def _predict_chunk(
@@ -304,16 +317,50 @@ def _given(value: object) -> bool:
     return not (isinstance(value, str) and not value.strip())
 
 
+_CLASS_SIZES = {c: frozenset((*required, *optional)) for c, (required, optional, _) in _OP_FIELDS.items()}
+_CLASS_FLAGS = {c: frozenset(flags) for c, (_, _, flags) in _OP_FIELDS.items()}
+_SHAPE_SIZES = frozenset().union(*_CLASS_SIZES.values())
+
+
+def _floats(column: pd.Series) -> pd.Series:
+    """``column`` as float64, NaN where a cell is not a number (an int beyond float range is inf)."""
+    try:
+        return pd.to_numeric(column, errors="coerce").astype(float)
+    except OverflowError:  # pandas refuses an int beyond float range instead of coercing it
+        return pd.Series([_float(v) for v in column], index=column.index, dtype=float)
+
+
+def _float(value: object) -> float:
+    if isinstance(value, int):  # bool included; an int beyond float range keeps its sign
+        return float(value) if abs(value) < 2**1023 else (math.inf if value > 0 else -math.inf)
+    try:
+        return float(pd.to_numeric(value, errors="coerce"))
+    except (TypeError, ValueError, OverflowError):
+        return math.nan
+
+
 def _checked_op_rows(ops: pd.DataFrame) -> pd.DataFrame:
     """Checked op rows in the types the predictors read: whole-number columns as float64,
-    flags as bools, dtype filled with bf16 and GPU names resolved to catalog ids."""
+    flags as bools, dtype filled with bf16 and GPU names resolved to catalog ids.
+
+    A size or flag that is not a field of the row's op class (``n_ranks`` on a matmul,
+    ``causal`` on a layernorm) was not checked by :func:`check_op_row`, so the predictor
+    does not see it: sizes become NaN and flags False.
+    """
     rows = ops.copy()
+    classes = [op_class(parse_op(v)) for v in rows["op"]]
     for col in OP_INT_COLUMNS:
         if col in rows.columns:
-            rows[col] = pd.to_numeric(rows[col], errors="coerce").astype(float)
+            values = rows[col]
+            if col in _SHAPE_SIZES:
+                values = values.where(np.array([col in _CLASS_SIZES[c] for c in classes], dtype=bool))
+            rows[col] = _floats(values)
     for col in OP_BOOL_COLUMNS:
         if col in rows.columns:
-            rows[col] = [parse_flag(col, v) if _given(v) else False for v in rows[col]]
+            rows[col] = [parse_flag(col, v) if col in _CLASS_FLAGS[c] and _given(v) else False
+                         for c, v in zip(classes, rows[col], strict=True)]  # fmt: skip
+    if "inter_node" in rows.columns:  # a fabric only matters to (and is only checked on) collectives
+        rows["inter_node"] = rows["inter_node"].where([c is OpClass.COLLECTIVE for c in classes], None)
     rows["dtype"] = rows["dtype"].map(lambda v: DType.parse(v).value if _given(v) else DType.BF16.value) if (
         "dtype" in rows) else DType.BF16.value  # fmt: skip
     rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
@@ -348,6 +395,7 @@ def predict_ops_table(
     flag_rows = getattr(predictor, "out_of_domain", None)
     if flag_rows is not None:  # the same columns for every batch of a predictor, even one with no valid row
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
+    out.insert(out.columns.get_loc(ERROR_COLUMN), CALIBRATION_COLUMN, np.full(len(out), "", dtype=object))
     good: list[int] = []
     for pos, (_, row) in enumerate(ops.iterrows()):
         try:
@@ -364,6 +412,9 @@ def predict_ops_table(
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
         _refuse_implausible(out, good, pred, OP_OUTPUT_COLUMNS)
+        applied = getattr(predictor, "applied_calibrations", None)
+        if applied is not None:
+            out.iloc[good, out.columns.get_loc(CALIBRATION_COLUMN)] = np.asarray(applied(rows), dtype=object)
         if flag_rows is not None:
             flags = np.asarray(flag_rows(rows), dtype=bool)
             if flags.any():

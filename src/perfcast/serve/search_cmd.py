@@ -10,6 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from perfcast.errors import PerfcastError
+from perfcast.serve.search import DEFAULT_MAX_LAYOUTS
 
 EXIT_USER_ERROR = 2
 _err = Console(stderr=True, soft_wrap=True)
@@ -30,30 +31,43 @@ def search_command(
     predictor: str | None = typer.Option(
         None, "--predictor", help="Step predictor: 'analytic', 'composed', a bundle or an MLflow URI (default shipped)."
     ),
+    calibration: bool = typer.Option(
+        True, "--calibration/--no-calibration", help="Apply stored per-cluster corrections (perfcast calibrate steps)."
+    ),
+    max_layouts: int = typer.Option(
+        DEFAULT_MAX_LAYOUTS, "--max-layouts", min=1, help="Most layouts enumerated (all GPU types together)."
+    ),
     top: int = typer.Option(10, "--top", min=0, help="Layouts to print."),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write every ranked layout (.csv/.parquet)."),
 ) -> None:
     """Enumerate valid layouts, drop those that do not fit in memory, rank the rest by predicted step time."""
     from perfcast.data.schema import DType
-    from perfcast.data.tables import write_table
-    from perfcast.serve.predictors import load_step_predictor
+    from perfcast.data.tables import check_output_path, table_format, write_table
+    from perfcast.serve.predictors import load_calibrated_predictor
     from perfcast.serve.search import search_layouts
 
     try:
-        step_predictor = load_step_predictor(predictor)
+        if output is not None:  # a bad output name fails before the search, not after it
+            table_format(output)
+            check_output_path(output)
+        step_predictor = load_calibrated_predictor("steps", predictor, calibration)
         with Progress(console=_err, transient=True) as bar:
             task = bar.add_task("predicting layouts", total=None)
             result = search_layouts(
                 model, gpu, num_gpus, global_batch, predictor=step_predictor, gpus_per_node=gpus_per_node,
                 inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), price_per_gpu_hour=price,
-                progress=lambda n: bar.advance(task, n),
+                progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
             )  # fmt: skip
     except PerfcastError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(code=EXIT_USER_ERROR) from None
     ranked = result.ranked
     if output is not None:
-        write_table(ranked, output)
+        try:
+            write_table(ranked, output)
+        except PerfcastError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=EXIT_USER_ERROR) from None
     written = f"; all written to {output}" if output else ""
     _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
                f"{len(ranked)} ranked with {step_predictor.name}{written}")  # fmt: skip
