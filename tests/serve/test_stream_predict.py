@@ -9,8 +9,8 @@ import pandas as pd
 
 from perfcast.data.tables import read_table
 from perfcast.models.step_predictor import StepPredictor
-from perfcast.serve.batch import predict_steps_table
-from perfcast.serve.stream_predict import BREAKDOWN_COLUMNS, stream_predict
+from perfcast.serve.batch import BREAKDOWN_COLUMNS, predict_steps_table
+from perfcast.serve.stream_predict import stream_predict
 
 GOOD = {"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "dp": 2, "micro_batch": 2, "global_batch": 8}
 RUNS = pd.DataFrame([GOOD, {**GOOD, "tp": 2, "dp": 1, "global_batch": 4}, {**GOOD, "tp": 5}, {**GOOD, "pp": 2,

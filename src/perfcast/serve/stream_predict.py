@@ -22,14 +22,7 @@ import pandas as pd
 from perfcast.data.table_stream import DEFAULT_CHUNK_ROWS, TableWriter, iter_table_chunks
 from perfcast.data.tables import ERROR_COLUMN
 from perfcast.features.run_features import COMM_GROUPS
-from perfcast.serve.batch import DEFAULT_COVERAGE, MEMORY_PART_COLUMNS, predict_ops_table, predict_steps_table
-
-BREAKDOWN_COLUMNS = (
-    "composed_step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms",
-    *(f"comm_{g}_ms" for g in COMM_GROUPS),
-    *MEMORY_PART_COLUMNS,
-)  # fmt: skip
-"""Columns ``--breakdown`` adds to a run table, in order."""
+from perfcast.serve.batch import BREAKDOWN_COLUMNS, DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
 
 
 @dataclass(frozen=True)
