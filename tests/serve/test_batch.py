@@ -343,3 +343,27 @@ def test_op_rows_with_impossible_sizes_or_flags_are_refused_and_no_time_is_negat
         assert all(errors[:10]) and errors[10:] == ["", "", ""], errors
         assert (out["pred_ms"].iloc[10:] > 0).all() and np.isfinite(out["pred_ms"].iloc[10:]).all()
     assert "kv_heads=7 does not divide heads=8" in errors[7]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"n_ranks": float("inf")},  # was an OverflowError in the analytic predictor's cluster
+        {"ranks_per_node": -1},  # was a SpecError escaping the batch
+        {"inter_node": "0"},  # was an UnknownEntryError escaping the batch
+        {"causal": "abc", "nvlink_bridged": "maybe"},  # was a SpecError from the flag conversion
+        {"rows": 10**400, "n_repeats": 10**400},  # was an OverflowError from pd.to_numeric
+    ],
+    ids=["n_ranks-inf", "ranks_per_node-negative", "inter_node-unknown", "foreign-flags", "int-beyond-float"],
+)
+def test_fields_of_another_op_class_do_not_reach_the_predictor(extra):
+    gemm = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb"}
+    out = predict_ops_table(pd.DataFrame([gemm, {**gemm, **extra}]))
+    assert out[ERROR_COLUMN].tolist() == ["", ""]
+    assert out["pred_ms"].iloc[1] == out["pred_ms"].iloc[0]
+
+
+def test_an_int_beyond_float_range_is_a_row_error_not_a_crash():
+    gemm = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb"}
+    out = predict_ops_table(pd.DataFrame([gemm, {**gemm, "m": 10**400}]))
+    assert out[ERROR_COLUMN].iloc[0] == "" and "m=" in out[ERROR_COLUMN].iloc[1]
