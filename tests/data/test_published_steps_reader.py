@@ -108,11 +108,11 @@ def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
 
 def test_fixture_through_the_record_checks(tmp_path: Path) -> None:
     checked = check_run_records(read_published_steps(_write(tmp_path)).records, resolve_gpu=resolve_gpu_name)
-    assert checked.records["source_row"].tolist() == [0, 1]
-    assert checked.records["gpu"].tolist() == ["h100-sxm5-80gb", "a100-sxm4-80gb"]
-    assert checked.records["device_name"].tolist() == ["H100 80GB", "A100 SXM 80GB"]
+    assert checked.records["source_row"].tolist() == [0, 1, 2]  # sft is full-parameter fine-tuning
+    assert checked.records["gpu"].tolist()[:2] == ["h100-sxm5-80gb", "a100-sxm4-80gb"]
+    assert checked.records["device_name"].tolist()[:2] == ["H100 80GB", "A100 SXM 80GB"]
+    assert checked.records["finetune"].tolist()[2] == "sft"
     reasons = dict(zip(checked.rejected["source_row"], checked.rejected[REASON_COLUMN], strict=True))
-    assert "finetune must be one of" in reasons[2]
     assert "num_layers must be a positive integer" in reasons[3]
     assert "no measured time" in reasons[4]
 
@@ -170,10 +170,10 @@ def test_real_file() -> None:
     # schema checks without GPU resolution: what the rows themselves lack
     checked = check_run_records(rec)
     reasons = checked.rejected[REASON_COLUMN]
-    assert (checked.n_records, checked.n_rejected) == (288, 19)
+    assert (checked.n_records, checked.n_rejected) == (291, 16)
     assert reasons.str.contains("micro_batch must be a positive integer").sum() == 6  # torchtitan PP, not stated
     assert reasons.str.contains("no measured time").sum() == 5  # MaxText: TFLOP/s only
-    assert reasons.str.contains("finetune must be one of").sum() == 3  # sft
+    assert "sft" in set(checked.records["finetune"])  # full-parameter fine-tuning: accepted
     assert reasons.str.contains("vocab_size must be a positive integer").sum() == 5  # 3 without a shape, 2 vocab
 
 
