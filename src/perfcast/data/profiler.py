@@ -80,7 +80,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfcast.data.dataset import REJECTED_FILE, read_card, write_dataset
+from perfcast.data.dataset import CARD_FILE, DATASET_ENTRIES, PARTIAL_DIR, TABLE_FILES, read_card, write_dataset
 from perfcast.data.schema import COLLECTIVE_OP_NAMES, GEMM_OP_NAMES, DType, OpType, shape_columns
 from perfcast.data.tables import OP_COLUMNS
 from perfcast.errors import DatasetError, SpecError
@@ -102,14 +102,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 SOURCE = "perfcast-profiler"
-PARTIAL_DIR = ".partial"
 JOURNAL_FILE = "measurements.jsonl"
 META_FILE = "meta.json"
-OPS_FILE = "ops.parquet"
-CARD_FILE = "card.json"
+OPS_FILE = TABLE_FILES["ops"]
 DEFAULT_CPU_OP_CAP_S = 0.5
 MIN_FLOOR_REPEATS = 3
-_DATASET_ENTRIES = frozenset({OPS_FILE, CARD_FILE, PARTIAL_DIR, REJECTED_FILE})
 _ROW_COLUMNS = (*(c for c in OP_COLUMNS if c != "gpu"), "backward")
 _VECTOR_PASSES = {OpType.SOFTMAX: 3.0, OpType.LAYERNORM: 3.0, OpType.RMSNORM: 3.0}
 """Memory passes of the vector ops (read + write = 2 for plain element-wise ops)."""
@@ -906,7 +903,7 @@ def _check_out_dir(out_dir: Path) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise DatasetError(f"output {out_dir} exists and is not a directory")
     if out_dir.is_dir():
-        other = sorted(p.name for p in out_dir.iterdir() if p.name not in _DATASET_ENTRIES)
+        other = sorted(p.name for p in out_dir.iterdir() if p.name not in DATASET_ENTRIES)
         if other:
             raise DatasetError(
                 f"output directory {out_dir} holds files that are not a perfcast profile "

@@ -17,6 +17,8 @@ def read_json(path: Path) -> Any:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise SpecError(f"{path}: no such file") from None
+    except UnicodeDecodeError:
+        raise SpecError(f"{path}: not UTF-8 text") from None
     except OSError as exc:
         raise SpecError(f"{path}: cannot read: {exc}") from None
     try:
