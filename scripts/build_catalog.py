@@ -10,7 +10,8 @@ The datasheet figures are copied unchanged (empty cell -> ``null``); only column
 change where the spec's field name differs (``sm_or_cu_count`` -> ``sm_count``,
 ``intra_node_bw_gbps_per_gpu`` -> ``intra_node_bw_gbps``, the fabric columns below).
 Curated fields that are not datasheet figures come from the tables in this script:
-``aliases``, ``default_fabric`` and ``nvlink_bridge_bw_gbps`` for accelerators, ``latency_us`` and ``confidence`` for
+``aliases`` (device names and cloud instance types), ``default_fabric`` and
+``nvlink_bridge_bw_gbps`` for accelerators, ``latency_us`` and ``confidence`` for
 fabrics. Every entry is validated by the spec model before it is written, and JSON files
 whose id is no longer in the CSV are removed, so the catalog is exactly the CSV.
 
@@ -154,7 +155,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "gh200-144gb-hbm3e": ("NVIDIA GH200 144G HBM3e", "gh200-144gb"),
     "b200-hgx": ("NVIDIA Blackwell GPU (B200-SXM-180GB)", "NVIDIA B200", "B200-SXM-180GB", "b200", "b200-sxm"),
     "gb200-per-gpu": ("NVIDIA GB200", "gb200"),
-    "b300-hgx": ("NVIDIA B300", "b300", "b300-sxm"),
+    # "270GB": the capacity NVIDIA's MLPerf system descriptions state; SXM6-AC: the SKU name
+    # (both cited in the row's sources)
+    "b300-hgx": ("NVIDIA B300", "b300", "b300-sxm", "B300-SXM-270GB", "NVIDIA B300 SXM6 AC"),
     "gb300-per-gpu": ("NVIDIA GB300", "gb300"),
     "mi100": ("AMD Instinct MI100",),
     "mi210": ("AMD Instinct MI210",),
@@ -176,6 +179,33 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "tpu-v5p": ("TPU-v5p", "TPU v5p", "TPU v5"),
     "tpu-v6e": ("TPU-trillium", "TPU v6 lite", "TPU v6e", "trillium"),
 }
+
+# --------------------------------------------------------------------------------------
+# Curated: cloud instance types and accelerator types whose GPUs are one catalog part,
+# added to the part's aliases: AWS EC2 instance types, Google Cloud machine and
+# accelerator types, Azure VM sizes (without the "Standard_" prefix, which lookups
+# drop). Only types with one GPU part; GCP's "nvidia-tesla-a100" (A100 40GB) is not
+# listed, since it normalizes to the short name "a100" (the 80 GB part).
+# --------------------------------------------------------------------------------------
+CLOUD_INSTANCE_TYPES: dict[str, tuple[str, ...]] = {
+    "a100-sxm4-40gb": (
+        "p4d.24xlarge", "a2-highgpu-1g", "a2-highgpu-2g", "a2-highgpu-4g", "a2-highgpu-8g", "a2-megagpu-16g",
+        "ND96asr_v4",
+    ),
+    "a100-sxm4-80gb": (
+        "p4de.24xlarge", "a2-ultragpu-1g", "a2-ultragpu-2g", "a2-ultragpu-4g", "a2-ultragpu-8g",
+        "ND96amsr_A100_v4", "nvidia-a100-80gb",
+    ),
+    "h100-sxm5-80gb": (
+        "p5.48xlarge", "a3-highgpu-1g", "a3-highgpu-2g", "a3-highgpu-4g", "a3-highgpu-8g", "a3-megagpu-8g",
+        "a3-edgegpu-8g", "ND96isr_H100_v5", "ND_H100_v5", "nvidia-h100-mega-80gb",
+    ),
+    "h200-sxm-141gb": ("p5e.48xlarge", "p5en.48xlarge", "a3-ultragpu-8g", "ND96isr_H200_v5", "ND_H200_v5",
+                       "nvidia-h200-141gb"),
+    "b200-hgx": ("p6-b200.48xlarge", "a4-highgpu-8g"),
+    "gb200-per-gpu": ("a4x-highgpu-4g",),
+    "mi300x": ("ND96isr_MI300X_v5", "ND_MI300X_v5"),
+}  # fmt: skip
 
 # --------------------------------------------------------------------------------------
 # Curated: default inter-node fabric per accelerator.
@@ -350,7 +380,7 @@ def accelerator_entry(row: dict[str, str]) -> dict[str, Any]:
     entry["notes"] = notes
     entry["default_fabric"] = DEFAULT_FABRIC[hw_id]
     entry["nvlink_bridge_bw_gbps"] = NVLINK_BRIDGE_BW_GBPS.get(hw_id)
-    entry["aliases"] = list(ALIASES.get(hw_id, ()))
+    entry["aliases"] = list(ALIASES.get(hw_id, ())) + list(CLOUD_INSTANCE_TYPES.get(hw_id, ()))
     return entry
 
 
@@ -375,7 +405,8 @@ def fabric_entry(row: dict[str, str]) -> dict[str, Any]:
 def check_curated_tables(accel_ids: set[str], fabric_ids: set[str]) -> None:
     """Fail when a curated table names an id that is not in the CSVs."""
     curated = (("ALIASES", set(ALIASES)), ("DEFAULT_FABRIC", set(DEFAULT_FABRIC)),
-               ("NVLINK_BRIDGE_BW_GBPS", set(NVLINK_BRIDGE_BW_GBPS)))  # fmt: skip
+               ("NVLINK_BRIDGE_BW_GBPS", set(NVLINK_BRIDGE_BW_GBPS)),
+               ("CLOUD_INSTANCE_TYPES", set(CLOUD_INSTANCE_TYPES)))  # fmt: skip
     for table_name, keys in curated:
         stale = keys - accel_ids
         if stale:

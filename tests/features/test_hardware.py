@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 from fixtures.shared import SHARED_HARDWARE
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from perfcast.data.schema import DType
@@ -187,6 +189,35 @@ def test_every_fabric_row_is_in_the_catalog_with_identical_figures():
         ("V100", "v100-sxm2-32gb"),
         ("mi300x", "mi300x"),
         ("mi250x", "mi250x-gcd"),
+        # MLPerf system descriptions: a generic outside, the part in parentheses
+        ("NVIDIA Blackwell GPU (GB200)", "gb200-per-gpu"),
+        ("NVIDIA Blackwell Ultra GPU (GB300)", "gb300-per-gpu"),
+        ("NVIDIA Blackwell Ultra GPU (B300-SXM-270GB)", "b300-hgx"),
+        ("NVIDIA B300 SXM6 AC", "b300-hgx"),
+        ("H100 80GB HBM3", "h100-sxm5-80gb"),
+        ("AMD Instinct MI355X", "mi355x"),
+        # family + form factor + memory (+ memory type) rules
+        ("H100 SXM 80GB", "h100-sxm5-80gb"),
+        ("h100 pcie 80 gb", "h100-pcie-80gb"),
+        ("H100 80GB HBM2e", "h100-pcie-80gb"),  # the PCIe card is the HBM2e H100
+        ("NVIDIA H100 NVL 94GB", "h100-nvl-94gb"),
+        ("A100 SXM 40 GB", "a100-sxm4-40gb"),
+        ("Tesla V100 SXM2 32GB", "v100-sxm2-32gb"),
+        ("GH200 144GB HBM3e", "gh200-144gb-hbm3e"),
+        ("B200 HGX 180G", "b200-hgx"),
+        # published training tables: system descriptions in parentheses
+        ("A100 40GB (1600 Gbps RoCE node-node)", "a100-sxm4-40gb"),
+        ("A100 80GB (1600 Gbps RoCE node-node)", "a100-sxm4-80gb"),
+        ("H100 SXM 80GB (DGX-H100)", "h100-sxm5-80gb"),
+        ("H100 80GB (GCP A3, h100-80gb-8)", "h100-sxm5-80gb"),
+        ("H200 (WhiteFiber, 400Gb/s RDMA per GPU)", "h200-sxm-141gb"),
+        # cloud instance and accelerator types
+        ("p4d.24xlarge", "a100-sxm4-40gb"),
+        ("p5.48xlarge", "h100-sxm5-80gb"),
+        ("a3-ultragpu-8g", "h200-sxm-141gb"),
+        ("Standard_ND96isr_H100_v5", "h100-sxm5-80gb"),
+        ("Standard_ND96isr_MI300X_v5", "mi300x"),
+        ("nvidia-h100-80gb", "h100-sxm5-80gb"),
     ],
 )
 def test_resolve_gpu_name(name, expected):
@@ -194,37 +225,63 @@ def test_resolve_gpu_name(name, expected):
     assert HardwareSpec.from_name(name).id == expected
 
 
+# Device spellings in ../shared/data of parts the catalog does not have, each with the
+# catalog part it must NOT become (None: no part of its family is in the catalog).
+NOT_IN_CATALOG = {
+    "AMD MI25": None,
+    "AMD Radeon RX 7900 XTX": None,
+    "AMD Vega Frontier Edition 16GB": None,
+    "AMD_Instinct_MI250": None,  # not the MI250X: 104 vs 110 CUs per package
+    "NVIDIA A30": None,
+    "NVIDIA GTX 1080 Ti": None,
+    "NVIDIA GTX TitanXp": None,
+    "NVIDIA GeForce RTX 4090": None,
+    "NVIDIA L40": None,  # not the L40S
+    "NVIDIA RTX A5000": None,
+    "Nvidia Tesla M40": None,
+    "Nvidia TitanX": None,
+    "Nvidia TitanX Pascal": None,
+    # Meta's Grand Teton H100: 96 GB HBM2e at 500 W, no sourced catalog row
+    "NVIDIA H100-SXM5-96GB": "h100-sxm5-80gb",
+    "H100 SXM 96GB HBM2e (500W, Grand Teton)": "h100-sxm5-80gb",
+    "H100 SXM 95GB HBM2e (lower TDP)": "h100-sxm5-80gb",
+}
+_SHARED_GPU_COLUMNS = ("gpu", "accelerator_model_name", "gpu_in_config")
+
+
 @pytest.mark.shared_data
 def test_gpu_names_in_shared_data_resolve_when_in_the_catalog():
-    """Datacenter accelerator names used in ../shared/data resolve (spot list of those present)."""
+    """Every device spelling in ../shared/data resolves, except parts the catalog lacks."""
+    import pandas as pd
+
     data_dir = SHARED_HARDWARE / ".." / "data"
     if not data_dir.is_dir():
         pytest.skip("shared data folder absent")
-    for name in (
-        "NVIDIA H100-SXM5-80GB",
-        "NVIDIA A100-PCIe-80GB",
-        "NVIDIA A100 - PCIe - 80 GB",
-        "NVIDIA A100-SXM-40GB",
-        "NVIDIA A100-SXM-80GB CTS",
-        "NVIDIA H100-SXM-80GB",
-        "NVIDIA H100-PCIe-80GB",
-        "Intel Gaudi2",
-        "TPU-v5e",
-        "NVIDIA Tesla P100",
-        "NVIDIA T4",
-        "NVIDIA V100",
-        "NVIDIA_A100-PCIE-40GB",
-        "Tesla_V100-PCIE-32GB",
-        "A40",
-    ):
-        resolve_gpu_name(name)
+    names: set[str] = set()
+    for path in sorted(data_dir.glob("*.csv*")):
+        header = pd.read_csv(path, nrows=0).columns
+        columns = [c for c in _SHARED_GPU_COLUMNS if c in header]
+        if columns:
+            frame = pd.read_csv(path, usecols=columns, dtype=str)
+            names |= {v for c in columns for v in frame[c].dropna().unique()}
+    assert len(names) > 40
+    unresolved = set()
+    for name in sorted(names):
+        try:
+            resolve_gpu_name(name)
+        except UnknownEntryError as exc:
+            unresolved.add(name)
+            if NOT_IN_CATALOG.get(name):  # a known family: the error names the closest part
+                assert f"closest known part: {NOT_IN_CATALOG[name]}" in str(exc)
+    assert unresolved == set(NOT_IN_CATALOG) & names
 
 
 def test_unknown_name_raises_with_suggestion():
+    assert resolve_gpu_name("h100-sxm5-80g") == "h100-sxm5-80gb"  # "80G" is a memory spelling
     with pytest.raises(UnknownEntryError) as info:
-        resolve_gpu_name("h100-sxm5-80g")
+        resolve_gpu_name("h100-sxm5-80gx")
     message = str(info.value)
-    assert "'h100-sxm5-80g'" in message
+    assert "'h100-sxm5-80gx'" in message
     assert "did you mean" in message and "h100-sxm5-80gb" in message
     # an UnknownEntryError is a SpecError and a KeyError
     with pytest.raises(SpecError):
@@ -234,9 +291,84 @@ def test_unknown_name_raises_with_suggestion():
 
 
 def test_parts_not_in_the_catalog_are_not_mapped_to_neighbours():
-    for name in ("NVIDIA L40", "NVIDIA A30", "NVIDIA H100-SXM5-96GB", "AMD Instinct MI250"):
+    for name in (
+        "NVIDIA L40", "NVIDIA A30", "NVIDIA H100-SXM5-96GB", "AMD Instinct MI250",
+        "H100 SXM 96GB HBM2e (500W, Grand Teton)", "H100 SXM 95GB HBM2e (lower TDP)", "H100 96GB",
+        "V100-SXM3-32GB", "Tesla V100 SXM2 16GB", "A100 SXM4 80GB HBM2", "H100 SXM 80GB (DGX-H100) 500W",
+        "NVIDIA A100-SXM-80GB 400W", "H200 SXM 96GB", "B200 192GB", "MI300A",
+        "Foo (DGX-H100)",  # a part named outside the parentheses is not replaced by the one inside
+    ):  # fmt: skip
         with pytest.raises(UnknownEntryError):
             resolve_gpu_name(name)
+
+
+def test_unknown_figures_of_a_known_family_name_the_closest_part():
+    with pytest.raises(UnknownEntryError) as info:
+        resolve_gpu_name("H100 SXM 96GB HBM2e (500W, Grand Teton)")
+    message = str(info.value)
+    assert "no h100 entry has SXM 96 GB HBM2E" in message
+    assert "closest known part: h100-sxm5-80gb" in message and "h100-nvl-94gb (94 GiB)" in message
+    with pytest.raises(UnknownEntryError, match="closest known part: v100-sxm2-32gb"):
+        resolve_gpu_name("V100-SXM3-32GB")
+
+
+# --------------------------------------------------------------- generated name variants
+
+_VENDOR_PREFIXES = {
+    "NVIDIA": ("", "NVIDIA ", "Tesla ", "NVIDIA Tesla ", "nvidia_"),
+    "AMD": ("", "AMD ", "Instinct ", "AMD Instinct ", "amd-"),
+}
+_SEPARATORS = (" ", "-", "_", " - ")
+
+
+def _rule_parts(spec: HardwareSpec) -> tuple[str, str | None, str | None] | None:
+    """``(family, form, memory)`` of ids written ``family[-form][-<n>gb]``, else None."""
+    import re
+
+    match = re.fullmatch(r"([a-z]+\d+[a-z]*)(?:-(sxm\d?|pcie|nvl|hgx))?(?:-(\d+)gb)?", spec.id)
+    return match.groups() if match else None
+
+
+@st.composite
+def _name_variant(draw: st.DrawFn) -> tuple[str, str]:
+    spec = draw(st.sampled_from(list_hardware()))
+    parts = _rule_parts(spec)
+    if parts is None:  # ids outside the family/form/memory pattern: spelling variants of the id
+        words = spec.id.split("-")
+    else:
+        family, form, memory = parts
+        words = [family]
+        if form:
+            words.append(draw(st.sampled_from([form, form.upper(), "SXM"] if form.startswith("sxm") else [form])))
+        if memory:
+            words.append(draw(st.sampled_from([f"{memory}GB", f"{memory} GB", f"{memory}G", f"{memory}gb"])))
+        elif draw(st.booleans()):
+            words.append(f"{round(spec.mem_gib)}GB")
+        if spec.mem_type and spec.mem_type.startswith("HBM3") and form and draw(st.booleans()):
+            words.append(spec.mem_type.split()[0])
+    sep = draw(st.sampled_from(_SEPARATORS))
+    text = sep.join(words)
+    text = "".join(c.upper() if draw(st.booleans()) else c.lower() for c in text)
+    prefix = draw(st.sampled_from(_VENDOR_PREFIXES.get(spec.vendor.upper(), ("",))))
+    suffix = draw(st.sampled_from(["", " (DGX, 8x 400Gb/s)", " (1600 Gbps RoCE node-node)", " (lower TDP, 2024)"]))
+    return spec.id, f"{prefix}{text}{suffix}"
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(_name_variant())
+def test_generated_name_variants_resolve_to_their_entry(case):
+    hw_id, name = case
+    assert resolve_gpu_name(name) == hw_id, name
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(st.sampled_from([s.id for s in list_hardware()]), st.sampled_from(["q", "zq", "qz9"]))
+def test_unknown_name_gets_did_you_mean(hw_id, junk):
+    name = hw_id + junk
+    with pytest.raises(UnknownEntryError) as info:
+        resolve_gpu_name(name)
+    message = str(info.value)
+    assert "did you mean" in message and hw_id in message, message
 
 
 @pytest.mark.parametrize("bad", ["", "   ", None, 3])

@@ -39,22 +39,45 @@ class OpType(str, Enum):
 
 
 class DType(str, Enum):
-    """Compute dtype of an op or of a training run (the op and run tables' ``dtype``)."""
+    """Compute dtype of an op or of a training run (the op and run tables' ``dtype``).
+
+    ``fp8``, ``mxfp8``, ``nvfp4`` and ``mxfp4`` are *low-precision* run dtypes: the linear
+    layers' GEMMs run in that format while attention, norms, softmax and activations stay
+    bf16 (see ``docs/precisions.md``). The block-scaled formats carry one scale per block
+    of :attr:`scale_block_size` elements along the reduction dimension: an 8-bit power of
+    two (E8M0) per 32 elements for the MX formats (OCP Microscaling), an fp8 (E4M3) scale
+    per 16 elements for NVFP4.
+    """
 
     FP32 = "fp32"
     TF32 = "tf32"
     FP16 = "fp16"
     BF16 = "bf16"
     FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
 
     @property
-    def bytes_per_element(self) -> int:
-        """Storage size of one element of tensors in this dtype, bytes.
+    def bytes_per_element(self) -> float:
+        """Storage per element of tensors in this dtype, bytes, block scales included.
 
-        TF32 is stored as fp32. FP8 runs keep activations in 16 bits between
-        layers but GEMM operands are 1 byte; this is the GEMM operand size.
+        TF32 is stored as fp32. For the low-precision dtypes this is the GEMM operand
+        size (activations between layers stay 16 bit): fp8 1, mxfp8 1 + 1/32, nvfp4
+        0.5 + 1/16, mxfp4 0.5 + 1/32 -- the element bits plus the block scale amortised
+        over its :attr:`scale_block_size` elements. Whole sizes are ints.
         """
         return _BYTES[self]
+
+    @property
+    def scale_block_size(self) -> int | None:
+        """Elements sharing one scale factor (block-scaled formats), else ``None``."""
+        return _SCALE_BLOCK.get(self)
+
+    @property
+    def is_low_precision(self) -> bool:
+        """GEMMs of runs in this dtype are quantized; the other ops stay bf16."""
+        return self in _LOW_PRECISION
 
     @classmethod
     def parse(cls, value: str | DType) -> DType:
@@ -74,7 +97,18 @@ class DType(str, Enum):
             raise SpecError(f"dtype={value!r} is not a known dtype; allowed: {allowed}") from None
 
 
-_BYTES = {DType.FP32: 4, DType.TF32: 4, DType.FP16: 2, DType.BF16: 2, DType.FP8: 1}
+_BYTES: dict[DType, float] = {
+    DType.FP32: 4,
+    DType.TF32: 4,
+    DType.FP16: 2,
+    DType.BF16: 2,
+    DType.FP8: 1,
+    DType.MXFP8: 1 + 1 / 32,
+    DType.NVFP4: 0.5 + 1 / 16,
+    DType.MXFP4: 0.5 + 1 / 32,
+}
+_SCALE_BLOCK = {DType.MXFP8: 32, DType.NVFP4: 16, DType.MXFP4: 32}
+_LOW_PRECISION = frozenset({DType.FP8, DType.MXFP8, DType.NVFP4, DType.MXFP4})
 _ALIASES = {
     "float32": "fp32",
     "float": "fp32",
@@ -85,7 +119,46 @@ _ALIASES = {
     "float8_e4m3fn": "fp8",
     "float8_e5m2": "fp8",
     "e4m3": "fp8",
+    "mx_fp8": "mxfp8",
+    "nv_fp4": "nvfp4",
+    "mx_fp4": "mxfp4",
 }
+
+
+class Fp8Recipe(str, Enum):
+    """Scaling recipe of an fp8 run (the run table's optional ``fp8_recipe``, Megatron-LM's
+    ``--fp8-recipe`` values).
+
+    ``tensorwise``: one scale per tensor from its current amax; ``delayed``: one scale
+    per tensor from an amax history (Transformer Engine's default); ``blockwise``: one
+    scale per 1x128 / 128x128 block; ``mxfp8``: MXFP8 (one E8M0 scale per 32 elements,
+    Blackwell tensor cores), the same as ``dtype=mxfp8``.
+    """
+
+    TENSORWISE = "tensorwise"
+    DELAYED = "delayed"
+    BLOCKWISE = "blockwise"
+    MXFP8 = "mxfp8"
+
+    @classmethod
+    def default_for(cls, dtype: DType) -> Fp8Recipe | None:
+        """The recipe a run in ``dtype`` gets when none is stated (``None``: not an fp8 run)."""
+        return {DType.FP8: cls.DELAYED, DType.MXFP8: cls.MXFP8}.get(dtype)
+
+    @classmethod
+    def parse(cls, value: str | Fp8Recipe) -> Fp8Recipe:
+        """Read a recipe from its table spelling (case and surrounding spaces ignored).
+
+        Raises:
+            SpecError: naming the value and the allowed values.
+        """
+        if isinstance(value, Fp8Recipe):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(r.value for r in cls)
+            raise SpecError(f"fp8_recipe={value!r} is not a known recipe; allowed: {allowed}") from None
 
 
 GEMM_OP_NAMES = frozenset({OpType.MATMUL, OpType.BMM, OpType.LINEAR})
@@ -135,9 +208,12 @@ RUN_RECORD_REQUIRED = (
 RUN_INT_COLUMNS = (
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
     "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "zero_stage",
-    "lora_rank", "num_gpus", "gpus_per_node",
+    "lora_rank", "num_gpus", "gpus_per_node", "first_stage_layers", "last_stage_layers",
 )  # fmt: skip
-RUN_BOOL_COLUMNS = ("sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce")
+RUN_BOOL_COLUMNS = (
+    "sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce",
+    "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+)  # fmt: skip
 RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""
 RECOMPUTE_NAMES = ("none", "selective", "full")
@@ -168,6 +244,8 @@ FIELD_MAX: dict[str, int] = {
     "micro_batch": 2**20,
     "global_batch": 2**26,
     "vpp": 2**10,
+    "first_stage_layers": 10_000,
+    "last_stage_layers": 10_000,
     "zero_stage": 3,
     "lora_rank": 2**16,
     "num_gpus": 2**22,

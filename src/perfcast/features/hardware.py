@@ -203,12 +203,18 @@ class HardwareSpec(BaseModel):
           fp16 rate, so the fp16 peak would predict runs far too fast; use fp16;
         - ``fp8``: ``peak_fp8_tflops``, else ``peak_bf16_tflops``, else
           ``peak_fp16_tflops`` -- without fp8 hardware the framework runs the GEMMs in
-          16 bit.
+          16 bit;
+        - ``mxfp8``: ``peak_fp8_tflops`` (block-scaled MMA runs at the fp8 rate);
+          ``nvfp4`` and ``mxfp4``: ``peak_fp4_tflops``. These need block-scaled tensor
+          cores (Blackwell, CDNA4), which the catalog marks by a ``peak_fp4_tflops``
+          figure: parts without one raise, as do AMD parts for ``nvfp4`` (an NVIDIA
+          format; AMD's FP4 is MXFP4). No fallback: the framework does not emulate them.
 
         Raises:
-            SpecError: the dtype is unknown, bf16 on a part without BF16, or the catalog
-                has no figure (e.g. H100 NVL, whose compute columns are empty); the
-                message names the hardware id and the missing field(s).
+            SpecError: the dtype is unknown, bf16 on a part without BF16, a block-scaled
+                dtype on a part without block-scaled tensor cores, or the catalog has no
+                figure (e.g. H100 NVL, whose compute columns are empty); the message names
+                the hardware id and the missing field(s).
         """
         dt = DType.parse(dtype)
         if dt is DType.BF16 and self.peak_bf16_tflops is None and self._lacks_bf16():
@@ -216,6 +222,8 @@ class HardwareSpec(BaseModel):
                 f"bf16 is not supported on {self.id} ({self.architecture}): no BF16 tensor cores "
                 "(peak_bf16_tflops is empty); use fp16"
             )
+        if dt.scale_block_size is not None:
+            self._check_block_scaled(dt)
         fields = _PEAK_FALLBACKS[dt]
         for field in fields:
             value = getattr(self, field)
@@ -231,8 +239,8 @@ class HardwareSpec(BaseModel):
     def vector_tflops(self, dtype: DType | str = DType.FP32) -> float:
         """Non-tensor (vector) peak for element-wise work, TFLOP/s.
 
-        This is ``peak_fp32_tflops`` for every dtype: PyTorch computes fp16/bf16/fp8
-        element-wise ops in fp32 registers (``opmath_type``), and such ops are memory
+        This is ``peak_fp32_tflops`` for every dtype: PyTorch computes 16-bit and
+        low-precision element-wise ops in fp32 registers (``opmath_type``), and such ops are memory
         bound anyway. ``dtype`` is checked but does not change the figure.
 
         Raises:
@@ -242,6 +250,20 @@ class HardwareSpec(BaseModel):
         if self.peak_fp32_tflops is None:
             raise SpecError(f"{self.id} has no vector peak in the catalog: peak_fp32_tflops is empty")
         return float(self.peak_fp32_tflops)
+
+    def _check_block_scaled(self, dt: DType) -> None:
+        """Raise unless this part has tensor cores for the block-scaled ``dt``."""
+        instead = "fp8" if self.peak_fp8_tflops is not None else "bf16"
+        if self.peak_fp4_tflops is None:
+            raise SpecError(
+                f"{dt.value} is not supported on {self.id} ({self.architecture}): no block-scaled "
+                f"(MX/NVFP4) tensor cores (peak_fp4_tflops is empty); use {instead}"
+            )
+        if dt is DType.NVFP4 and self.vendor.upper() != "NVIDIA":
+            raise SpecError(
+                f"nvfp4 is not supported on {self.id} ({self.architecture}): NVFP4 is an NVIDIA "
+                "Blackwell format; use mxfp4"
+            )
 
     def _lacks_bf16(self) -> bool:
         arch = (self.architecture or "").lower()
@@ -275,6 +297,9 @@ _PEAK_FALLBACKS: dict[DType, tuple[str, ...]] = {
     DType.FP16: ("peak_fp16_tflops",),
     DType.BF16: ("peak_bf16_tflops",),
     DType.FP8: ("peak_fp8_tflops", "peak_bf16_tflops", "peak_fp16_tflops"),
+    DType.MXFP8: ("peak_fp8_tflops",),
+    DType.NVFP4: ("peak_fp4_tflops",),
+    DType.MXFP4: ("peak_fp4_tflops",),
 }
 
 
@@ -542,12 +567,28 @@ def check_alias_index(specs: list[HardwareSpec]) -> dict[str, str]:
 def resolve_gpu_name(name: str) -> str:
     """Catalog id of a catalog id, alias or device name, e.g. ``"NVIDIA H100 80GB HBM3"``.
 
-    Matching ignores case, spaces, punctuation and a leading vendor word
-    (:func:`normalize_device_name`).
+    The first rule that gives an entry:
+
+    1. the lookup key (:func:`normalize_device_name`: case, spaces, punctuation and leading
+       vendor words ignored) is an id, name or alias;
+    2. a parenthesised description is dropped (``"H200 (WhiteFiber, 400Gb/s RDMA per
+       GPU)"``); when the text outside the parentheses has only vendor, architecture and
+       "GPU" words (``"NVIDIA Blackwell GPU (GB200)"``) the parenthesised text is used;
+    3. the name is read as a part family (``h100``, ``mi300x``), a form factor (``SXM``,
+       ``SXM5``, ``HGX``, ``PCIe``, ``NVL``, ``OAM``), a memory size (``80GB``, ``80 GB``,
+       ``80G``) and a memory type (``HBM3``), vendor and architecture words ignored; the
+       catalog entries of that family that agree with every stated token are kept. One
+       left: that entry; several: the one the shortest stated key (family + form + memory,
+       family + memory, family + form, family) is an alias of, when it is among them.
+
+    A token the rules do not know (``"CTS"``, ``"500W"``) or a stated figure no entry has
+    (``"H100 SXM 96GB"``) leaves the name unresolved: a part is never mapped to another
+    part with other figures.
 
     Raises:
         SpecError: ``name`` is not a non-empty string.
-        UnknownEntryError: no entry matches; the message suggests up to 3 close matches.
+        UnknownEntryError: no entry matches; the message names the closest known part of
+            the same family when there is one, else suggests up to 3 close ids.
     """
     if not isinstance(name, str) or not name.strip():
         raise SpecError(f"gpu={name!r} must be a non-empty device name or catalog id")
@@ -555,7 +596,136 @@ def resolve_gpu_name(name: str) -> str:
     index = _alias_index()
     if key in index:
         return index[key]
+    closest: tuple[str, str] | None = None
+    for text in _name_readings(name):
+        found = index.get(normalize_device_name(text))
+        if found is None:
+            found, near = _match_part(text)
+            closest = closest or near
+        if found is not None:
+            return found
+    if closest is not None:
+        part, why = closest
+        raise UnknownEntryError(
+            f"gpu={name!r} is not in the hardware catalog: {why}; closest known part: {part} (not used "
+            "in its place, its figures differ; add the part with HardwareSpec.from_file)"
+        )
     raise UnknownEntryError(f"gpu={name!r} is not in the hardware catalog{_suggest(key, name)}")
+
+
+_PARENS = re.compile(r"\(([^()]*)\)")
+_IGNORED_WORDS = _VENDOR_WORDS | {
+    "gpu", "accelerator", "datacenter", "module", "blackwell", "ultra", "hopper", "ampere", "volta", "turing",
+    "pascal", "ada", "lovelace", "cdna", "cdna2", "cdna3", "cdna4",
+}  # fmt: skip
+"""Words a device name may carry that do not tell catalog parts apart."""
+_MEMORY_TOKEN = re.compile(r"(\d+)(?:g|gb|gib)")
+_MEMORY_UNITS = frozenset({"g", "gb", "gib"})
+_MEMORY_TYPE_TOKEN = re.compile(r"(hbm\d?e?|gddr\d+x?)")
+_FORM_TOKEN = re.compile(r"sxm\d?|pcie|nvl|oam|hgx|dgx")
+
+
+def _name_readings(name: str) -> list[str]:
+    """Texts :func:`resolve_gpu_name` tries after the key: outside the parentheses, then inside
+    them when the outside has only :data:`_IGNORED_WORDS`."""
+    text = _TRADEMARKS.sub(" ", name.lower()).strip()
+    outside = _PARENS.sub(" ", text)
+    readings = [outside] if outside.strip() else []
+    if text.startswith("standard_"):  # an Azure VM size
+        readings.append(text.removeprefix("standard_"))
+    if all(t in _IGNORED_WORDS for t in re.findall(r"[a-z0-9]+", outside)):
+        readings += _PARENS.findall(text)
+    return readings
+
+
+def _part_tokens(text: str) -> dict[str, str] | None:
+    """``family``, ``form``, ``memory`` (GB as stated) and ``memory_type`` tokens of a name,
+    or ``None`` when it has an unknown word, no family or two of one kind."""
+    tokens = [t for t in re.findall(r"[a-z0-9]+", text.lower()) if t not in _IGNORED_WORDS]
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        token, kind = tokens[i], ""
+        if token.isdigit() and i + 1 < len(tokens) and tokens[i + 1] in _MEMORY_UNITS:
+            kind, i = "memory", i + 1
+        elif _MEMORY_TOKEN.fullmatch(token):
+            kind, token = "memory", _MEMORY_TOKEN.fullmatch(token).group(1)
+        elif _MEMORY_TYPE_TOKEN.fullmatch(token):
+            kind = "memory_type"
+        elif _FORM_TOKEN.fullmatch(token):
+            kind = "form"
+            token = "sxm" if token in ("hgx", "dgx") else token
+        elif re.fullmatch(r"[a-z]+\d+[a-z]*", token):
+            kind = "family"
+        if not kind or kind in out:
+            return None
+        out[kind] = token
+        i += 1
+    return out if "family" in out else None
+
+
+def _form_matches(stated: str, forms: frozenset[str]) -> bool:
+    """A stated form factor agrees with an entry's: equal, or ``SXM`` of any generation, or an
+    ``SXMn`` where the catalog does not give the generation."""
+    if stated in forms:
+        return True
+    return stated.startswith("sxm") and "sxm" in forms and not any(f[3:] for f in forms if f.startswith("sxm"))
+
+
+def _match_part(text: str) -> tuple[str | None, tuple[str, str] | None]:
+    """Rule 3 of :func:`resolve_gpu_name`: ``(id, None)``, or ``(None, (closest id, why))`` when the
+    family is known but no entry has the stated figures, or ``(None, None)``."""
+    parsed = _part_tokens(text)
+    family_entries = _part_index().get(parsed["family"], []) if parsed else []
+    if not parsed or not family_entries:
+        return None, None
+    form, memory, memory_type = parsed.get("form"), parsed.get("memory"), parsed.get("memory_type")
+    keep = [
+        e for e in family_entries
+        if (form is None or _form_matches(form, e[1]))
+        and (memory is None or int(memory) == e[2])
+        and (memory_type is None or memory_type == e[3])
+    ]  # fmt: skip
+    index = _alias_index()
+    if len(keep) == 1:
+        return keep[0][0], None
+    ids = [e[0] for e in keep]
+    for parts in ((form, memory), (memory,), (form,), ()):
+        if all(parts):
+            found = index.get(parsed["family"] + "".join(f"{p}gb" if p == memory else p for p in parts))
+            if found in ids:
+                return found, None
+    if keep:
+        return None, None
+    default = index.get(parsed["family"])
+    same_form = [e[0] for e in family_entries if form is None or _form_matches(form, e[1])]
+    near = default if default in same_form else (same_form or [default or family_entries[0][0]])[0]
+    stated = " ".join(
+        v for v in (form and form.upper(), memory and f"{memory} GB", memory_type and memory_type.upper()) if v
+    )
+    known = ", ".join(f"{e[0]} ({e[2]} GiB)" for e in family_entries)
+    return None, (near, f"no {parsed['family']} entry has {stated} (known: {known})")
+
+
+@lru_cache(maxsize=1)
+def _part_index() -> Mapping[str, list[tuple[str, frozenset[str], int, str | None]]]:
+    """Catalog entries by part family: ``(id, form factors, memory GiB rounded, memory type)``.
+
+    The family is the first token of the id with letters and digits (``h100`` of
+    ``h100-sxm5-80gb``); form factors come from the id and the ``form_factor`` text (plus
+    ``sxm`` for any ``sxmN``); the memory type is ``mem_type``'s first word, lowercase.
+    """
+    out: dict[str, list[tuple[str, frozenset[str], int, str | None]]] = {}
+    for spec in _load_hardware().values():
+        first = spec.id.split("-")[0]
+        if not re.fullmatch(r"[a-z]+\d+[a-z]*", first):
+            continue
+        words = re.findall(r"[a-z0-9]+", f"{spec.id} {(spec.form_factor or '').split('(')[0]}".lower())
+        forms = {"sxm" if w in ("hgx", "dgx") else w for w in words if _FORM_TOKEN.fullmatch(w)}
+        forms |= {"sxm"} if any(f.startswith("sxm") for f in forms) else set()
+        mem_type = (spec.mem_type or "").lower().split(" ")[0] or None
+        out.setdefault(first, []).append((spec.id, frozenset(forms), int(round(spec.mem_gib)), mem_type))
+    return MappingProxyType(out)
 
 
 def _suggest(key: str, name: str) -> str:
@@ -569,10 +739,13 @@ def _suggest(key: str, name: str) -> str:
 def _close_ids(queries: list[str], candidates: Mapping[str, str], *, cutoff: float, n: int = 3) -> list[str]:
     """Up to ``n`` ids whose candidate strings are close to a query.
 
-    Candidates that start with a query come first (a truncated id), then
+    Candidates that start with a query come first (a truncated id), then those a query
+    starts with, longest first (an id with extra characters), then
     :func:`difflib.get_close_matches` in order of similarity.
     """
     matches = [c for q in queries if q for c in sorted(candidates) if c.startswith(q)]
+    matches += sorted((c for q in queries if q for c in candidates if len(c) > 1 and q.startswith(c)), key=len,
+                      reverse=True)  # fmt: skip
     for query in queries:
         matches += difflib.get_close_matches(query, list(candidates), n=4 * n, cutoff=cutoff)
     ids: list[str] = []
@@ -718,7 +891,7 @@ def add_user_hardware(spec: HardwareSpec, directory: Path | None = None) -> Path
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(spec.model_dump_json(indent=2) + "\n", encoding="utf-8")
     tmp.replace(path)
-    for cached in (_load_hardware, _alias_index, _suggestion_candidates):
+    for cached in (_load_hardware, _alias_index, _suggestion_candidates, _part_index):
         cached.cache_clear()
     return path
 
