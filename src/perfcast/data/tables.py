@@ -102,8 +102,20 @@ RUN_COLUMNS: tuple[str, ...] = (
 )
 """Input columns of the run table, in DESIGN.md order."""
 
-RUN_OPTIONAL_COLUMNS: tuple[str, ...] = ("num_experts", "top_k", "gated_mlp", "model", "inter_node")
-"""Optional run-table inputs (MoE and gating, a model preset/config instead of the shape, fabric)."""
+PIPELINE_SPLIT_COLUMNS: tuple[str, ...] = (
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+    "first_stage_layers",
+    "last_stage_layers",
+)
+"""Optional run-table inputs setting how layers split over pipeline stages (Megatron-Core's switches)."""
+
+RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
+    "num_experts", "top_k", "gated_mlp", "model", "inter_node", "fp8_recipe", *PIPELINE_SPLIT_COLUMNS
+)  # fmt: skip
+"""Optional run-table inputs (MoE and gating, a model preset/config instead of the shape, fabric,
+the scaling recipe of fp8 runs: tensorwise | delayed | blockwise | mxfp8, the uneven-pipeline
+switches)."""
 
 RUN_MEASURED_COLUMN = "measured_step_ms"
 """Optional measured training-step time of the run table, ms."""

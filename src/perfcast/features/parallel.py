@@ -11,11 +11,13 @@ turns back into a ``SpecError``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
+from functools import lru_cache
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from perfcast.data.schema import FIELD_MAX, DType
+from perfcast.data.schema import FIELD_MAX, DType, Fp8Recipe
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
@@ -77,8 +79,59 @@ class ParallelConfig(BaseModel):
     finetune: Finetune = Finetune.FULL
     lora_rank: int = Field(0, ge=0, le=FIELD_MAX["lora_rank"])
     dtype: DType = DType.BF16
+    fp8_recipe: Fp8Recipe | None = None
     flash_attention: bool = True
     overlap_grad_reduce: bool = False
+    account_for_embedding_in_pipeline_split: bool = False
+    account_for_loss_in_pipeline_split: bool = False
+    first_stage_layers: int | None = Field(None, ge=1, le=FIELD_MAX["first_stage_layers"])
+    last_stage_layers: int | None = Field(None, ge=1, le=FIELD_MAX["last_stage_layers"])
+
+    @model_validator(mode="after")
+    def _check_pipeline_split_fields(self) -> ParallelConfig:
+        """The uneven-pipeline switches' own rules (see :func:`pipeline_split`)."""
+        stated = [(n, v) for n, v in (("first_stage_layers", self.first_stage_layers),
+                                      ("last_stage_layers", self.last_stage_layers)) if v is not None]  # fmt: skip
+        for name, value in stated:
+            if self.pp == 1:
+                raise SpecError(f"{name}={value} needs pp > 1 (it sizes a pipeline stage); got pp=1")
+            if value % self.vpp:
+                raise SpecError(
+                    f"{name}={value} is not a multiple of vpp={self.vpp}: the stage's {self.vpp} model chunks "
+                    f"hold {name}/vpp layers each"
+                )
+        if stated and (self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split):
+            switch = "embedding" if self.account_for_embedding_in_pipeline_split else "loss"
+            raise SpecError(
+                f"{stated[0][0]}={stated[0][1]} with account_for_{switch}_in_pipeline_split=true: Megatron-Core "
+                "takes either the first/last stage layer counts or the embedding/loss switches, not both"
+            )
+        return self
+
+    @field_validator("fp8_recipe", mode="before")
+    @classmethod
+    def _parse_fp8_recipe(cls, value: object) -> Fp8Recipe | None:
+        """``fp8_recipe`` (a :class:`Fp8Recipe` spelling) for fp8 and mxfp8 runs only; ``None``
+        means the dtype's default (:meth:`Fp8Recipe.default_for`, see :attr:`scaling_recipe`)."""
+        return None if value is None else Fp8Recipe.parse(value)
+
+    @model_validator(mode="after")
+    def _check_fp8_recipe(self) -> ParallelConfig:
+        recipe = self.fp8_recipe
+        if recipe is None:
+            return self
+        if self.dtype not in (DType.FP8, DType.MXFP8):
+            raise SpecError(f"fp8_recipe={recipe.value} needs dtype fp8 or mxfp8; got dtype={self.dtype.value}")
+        if self.dtype is DType.MXFP8 and recipe is not Fp8Recipe.MXFP8:
+            raise SpecError(f"fp8_recipe={recipe.value} contradicts dtype=mxfp8; allowed with mxfp8: mxfp8")
+        if self.dtype is DType.FP8 and recipe is Fp8Recipe.MXFP8:
+            raise SpecError("fp8_recipe=mxfp8 with dtype=fp8: write dtype=mxfp8 (MXFP8 GEMMs need Blackwell)")
+        return self
+
+    @property
+    def scaling_recipe(self) -> Fp8Recipe | None:
+        """``fp8_recipe``, else the dtype's default; ``None`` for runs that are not fp8/mxfp8."""
+        return self.fp8_recipe or Fp8Recipe.default_for(self.dtype)
 
     @model_validator(mode="after")
     def _check_own_fields(self) -> ParallelConfig:
@@ -133,8 +186,7 @@ def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpe
         )
     if m.ffn_size % p.tp:
         raise SpecError(f"tp={p.tp} does not divide ffn_hidden_size={m.ffn_size}")
-    if m.num_layers % (p.pp * p.vpp):
-        raise SpecError(f"pp*vpp={p.pp}*{p.vpp}={p.pp * p.vpp} does not divide num_layers={m.num_layers}")
+    pipeline_split(m.num_layers, p)
     if p.vpp > 1 and p.num_microbatches % p.pp:
         raise SpecError(
             f"the interleaved schedule (vpp={p.vpp}) needs the number of microbatches "
@@ -158,3 +210,187 @@ def padded_vocab_size(model: ModelSpec, tp: int, multiple: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of ``multiple * tp``."""
     step = multiple * tp
     return -(-model.vocab_size // step) * step
+
+
+DEFAULT_SPLIT_NAME = "pipeline_layout"
+"""The name ``defaulted_fields`` gives the fallback split of :func:`pipeline_split` (rule 4),
+which no run-table column states: layers spread over the virtual stages as Megatron-Core's
+``pipeline_model_parallel_layout`` would place them."""
+
+
+@dataclass(frozen=True)
+class PipelineSplit:
+    """Transformer layers of each pipeline stage of a layout.
+
+    Attributes:
+        layers: layers of each virtual stage in model order; virtual stage ``c * pp + r``
+            is model chunk ``c`` of pipeline rank ``r`` (``pp * vpp`` entries).
+        pp, vpp: the layout's pipeline and virtual-pipeline degrees.
+        defaulted: the run-table names of the switches :func:`pipeline_split` chose because
+            the row stated none and ``pp * vpp`` does not divide the layers (empty otherwise).
+    """
+
+    layers: tuple[int, ...]
+    pp: int
+    vpp: int
+    defaulted: tuple[str, ...] = ()
+
+    @property
+    def rank_layers(self) -> tuple[int, ...]:
+        """Layers of each pipeline rank (its ``vpp`` chunks together)."""
+        return tuple(sum(self.layers[r :: self.pp]) for r in range(self.pp))
+
+    @property
+    def is_even(self) -> bool:
+        """Every pipeline rank holds the same number of layers."""
+        return len(set(self.rank_layers)) == 1
+
+
+def pipeline_split(num_layers: int, parallel: ParallelConfig) -> PipelineSplit:
+    """How a layout spreads ``num_layers`` transformer layers over its pipeline stages.
+
+    Stated switches follow Megatron-Core (``TransformerConfig`` and
+    ``get_num_layers_to_build``):
+
+    * ``first_stage_layers`` / ``last_stage_layers`` (``num_layers_in_first_pipeline_stage``
+      / ``..._last_...``, formerly ``decoder_first/last_pipeline_num_layers``): pipeline
+      rank 0 / ``pp - 1`` holds that many layers, ``vpp`` chunks of equal size; the other
+      layers split evenly over the middle ranks and their chunks.
+    * ``account_for_embedding_in_pipeline_split`` / ``account_for_loss_in_pipeline_split``:
+      the embedding / the loss counts as one layer in the split, so ``num_layers`` plus
+      the switches on split evenly over the ``pp * vpp`` virtual stages, and the first /
+      last virtual stage builds one layer less.
+    * Neither: ``pp * vpp`` must divide ``num_layers`` (the even split).
+
+    With no switch stated and ``pp * vpp`` not dividing ``num_layers``, Megatron-Core
+    refuses the layout; perfcast assumes the split a user would configure instead, the
+    first rule that applies:
+
+    1. both ``account_for_*`` switches, when ``pp * vpp`` divides ``num_layers + 2`` (the
+       NeMo and Megatron recipe of Llama 3.1 405B: 126 layers at pp=8, vpp=8);
+    2. ``account_for_loss_in_pipeline_split`` alone, when ``pp * vpp`` divides
+       ``num_layers + 1`` (the LM head and loss outweigh the embedding lookup, so the last
+       stage gives up the layer);
+    3. ``first_stage_layers`` and ``last_stage_layers``, when ``num_layers`` is a multiple
+       of ``vpp`` and ``pp > 2``: the middle ranks hold ``vpp * ceil(num_layers / (pp * vpp))``
+       layers each (the largest rank of rule 4), the first and last ranks share the rest,
+       the first the larger half in whole chunks, if both keep a layer per chunk (the end
+       ranks, which also run the embedding and the loss, are never the larger);
+    4. ``pipeline_layout`` (:data:`DEFAULT_SPLIT_NAME`): ``floor(num_layers / (pp * vpp))``
+       layers per virtual stage and the remainder one each on middle ranks' chunks first
+       (chunk by chunk across ranks, so ranks differ by at most one), then on the end
+       ranks' chunks other than the first and the last virtual stage (which hold the
+       embedding and the loss). Megatron-Core states such a split as a
+       ``pipeline_model_parallel_layout``, which the run table cannot express yet.
+
+    Rules 1 and 2 apply only when every virtual stage keeps at least one layer, and every
+    rule needs at least one layer per virtual stage. The result names the rule's
+    switches in ``defaulted``.
+
+    Raises:
+        SpecError: the stated switches do not fit ``num_layers`` (naming the fields, the
+            values and what is allowed), or ``pp * vpp`` exceeds ``num_layers``.
+    """
+    p = parallel
+    return _split(
+        num_layers, p.pp, p.vpp, p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split,
+        p.first_stage_layers, p.last_stage_layers,
+    )  # fmt: skip
+
+
+@lru_cache(maxsize=4096)
+def _split(
+    num_layers: int, pp: int, vpp: int, emb: bool, loss: bool, first: int | None, last: int | None
+) -> PipelineSplit:
+    n_virtual = pp * vpp
+    if first is not None or last is not None:
+        return _first_last_split(num_layers, pp, vpp, first, last)
+    if pp > 1 and (emb or loss):
+        total = num_layers + emb + loss
+        if total % n_virtual:
+            raise SpecError(
+                f"pp*vpp={pp}*{vpp}={n_virtual} does not divide num_layers+{emb + loss}={total} (num_layers="
+                f"{num_layers}, the embedding/loss counted as layers by the account_for_* switches); allowed: "
+                "switches that make it a multiple of pp*vpp"
+            )
+        return _counted_split(num_layers, pp, vpp, emb, loss, ())
+    if num_layers % n_virtual == 0:
+        return PipelineSplit((num_layers // n_virtual,) * n_virtual, pp, vpp)
+    if n_virtual > num_layers:
+        raise SpecError(
+            f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs "
+            "a layer"
+        )
+    emb_name, loss_name = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
+    for emb, loss, names in ((True, True, (emb_name, loss_name)), (False, True, (loss_name,))):
+        total = num_layers + emb + loss
+        if total % n_virtual == 0 and total // n_virtual >= 2:
+            return _counted_split(num_layers, pp, vpp, emb, loss, names)
+    ends = _default_first_last(num_layers, pp, vpp)
+    if ends is not None:
+        split = _first_last_split(num_layers, pp, vpp, *ends)
+        return PipelineSplit(split.layers, pp, vpp, ("first_stage_layers", "last_stage_layers"))
+    return _spread_split(num_layers, pp, vpp)
+
+
+def _counted_split(num_layers: int, pp: int, vpp: int, emb: bool, loss: bool, names: tuple[str, ...]) -> PipelineSplit:
+    """The ``account_for_*`` split: the embedding/loss count as a layer of the first/last virtual stage."""
+    per = (num_layers + emb + loss) // (pp * vpp)
+    layers = [per] * (pp * vpp)
+    layers[0] -= emb
+    layers[-1] -= loss
+    return PipelineSplit(tuple(layers), pp, vpp, names)
+
+
+def _first_last_split(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> PipelineSplit:
+    """Megatron-Core's ``num_layers_in_first/last_pipeline_stage`` split (checked against ``num_layers``)."""
+    stated = [(n, v) for n, v in (("first_stage_layers", first), ("last_stage_layers", last)) if v is not None]
+    middle_ranks = pp - len(stated)
+    rest = num_layers - sum(v for _, v in stated)
+    given = ", ".join(f"{n}={v}" for n, v in stated)
+    if rest < middle_ranks * vpp:
+        raise SpecError(
+            f"{given} leave {rest} of num_layers={num_layers} for {middle_ranks} other pipeline ranks of vpp={vpp} "
+            f"chunks; allowed: at most num_layers - {middle_ranks * vpp} in all (a layer per chunk)"
+        )
+    if middle_ranks == 0 and rest:
+        raise SpecError(
+            f"{given} hold {num_layers - rest} layers but num_layers={num_layers} and pp={pp} leaves no middle "
+            "stage; allowed: first_stage_layers + last_stage_layers = num_layers"
+        )
+    if middle_ranks and rest % (middle_ranks * vpp):
+        raise SpecError(
+            f"{given} leave {rest} of num_layers={num_layers} layers, which do not split evenly over the "
+            f"{middle_ranks} other pipeline ranks of vpp={vpp} chunks ({middle_ranks * vpp} virtual stages); "
+            f"allowed: values leaving a multiple of {middle_ranks * vpp}"
+        )
+    per_rank = [rest // middle_ranks if middle_ranks else 0] * pp
+    if first is not None:
+        per_rank[0] = first
+    if last is not None:
+        per_rank[-1] = last
+    layers = tuple(per_rank[v % pp] // vpp for v in range(pp * vpp))
+    return PipelineSplit(layers, pp, vpp)
+
+
+def _default_first_last(num_layers: int, pp: int, vpp: int) -> tuple[int, int] | None:
+    """Rule 3 of :func:`pipeline_split`: (first, last) stage layers, or None when none qualifies."""
+    if pp < 3 or num_layers % vpp:
+        return None
+    middle = vpp * -(-num_layers // (pp * vpp))  # the largest rank of the spread split
+    rest = num_layers - (pp - 2) * middle
+    if rest < 2 * vpp:
+        return None
+    first = vpp * -(-rest // (2 * vpp))
+    return first, rest - first
+
+
+def _spread_split(num_layers: int, pp: int, vpp: int) -> PipelineSplit:
+    """Rule 4 of :func:`pipeline_split`: even spread, the remainder on middle ranks' chunks first."""
+    n_virtual = pp * vpp
+    layers = [num_layers // n_virtual] * n_virtual
+    middle = [c * pp + r for c in range(vpp) for r in range(1, pp - 1)]
+    ends = [v for c in range(1, vpp) for v in (c * pp, c * pp - 1)]  # rank 0 before rank pp - 1, chunk by chunk
+    for v in (middle + ends + [0, n_virtual - 1])[: num_layers % n_virtual]:
+        layers[v] += 1
+    return PipelineSplit(tuple(layers), pp, vpp, (DEFAULT_SPLIT_NAME,))

@@ -22,15 +22,17 @@ from perfcast.data.schema import (
     FIELD_MIN_ZERO,
     RUN_BOOL_COLUMNS,
     RUN_INT_COLUMNS,
+    DType,
+    Fp8Recipe,
     check_whole_number,
     parse_flag,
 )
-from perfcast.data.tables import RUN_COLUMNS
+from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS
 from perfcast.errors import PerfcastError, SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.model_source import ModelSource, model_key
-from perfcast.features.parallel import Finetune, ParallelConfig, check_layout
+from perfcast.features.parallel import Finetune, ParallelConfig, check_layout, pipeline_split
 
 MODEL_FIELDS = (
     "num_layers",
@@ -56,6 +58,8 @@ PARALLEL_FIELDS = (
     *RUN_COLUMNS[RUN_COLUMNS.index("tp") : RUN_COLUMNS.index("dtype") + 1],
     "flash_attention",
     "overlap_grad_reduce",
+    "fp8_recipe",
+    *PIPELINE_SPLIT_COLUMNS,
 )
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
@@ -228,6 +232,7 @@ class _RowParser:
         if lora and not parallel_fields.get("lora_rank"):
             parallel_fields["lora_rank"] = DEFAULT_LORA_RANK
         parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
+        _fold_mxfp8_recipe(parallel_fields)
         key = ("parallel", *parallel_fields.items())
         parallel = self._memo(key, _validate, ParallelConfig, parallel_fields, "parallel")
 
@@ -242,19 +247,27 @@ class _RowParser:
         # the GPU must run the dtype (no bf16 on a V100)
         self._memo(("peak", cluster.gpu.id, parallel.dtype), cluster.gpu.peak_tflops, parallel.dtype)
         given = [n.strip() for n in str(cells.get(DEFAULTED_COLUMN, "")).split(",") if n.strip()]
-        names = defaulted_names(cells, parallel, cluster, model_by_fields="model" not in cells)
+        names = defaulted_names(cells, parallel, cluster, model_by_fields="model" not in cells, model=model)
         defaulted = tuple(dict.fromkeys([*given, *names]))
         return RunConfig(model=model, parallel=parallel, cluster=cluster, defaulted=defaulted)
 
 
 def defaulted_names(
-    cells: Mapping[str, Any], parallel: ParallelConfig, cluster: ClusterSpec, *, model_by_fields: bool
+    cells: Mapping[str, Any],
+    parallel: ParallelConfig,
+    cluster: ClusterSpec,
+    *,
+    model_by_fields: bool,
+    model: ModelSpec | None = None,
 ) -> list[str]:
     """The run-table inputs absent from ``cells`` whose default shapes this config's prediction.
 
     Parallel degrees (``tp, pp, dp, cp, ep``) are not listed: an absent degree means no such
     parallelism. A preset's or config file's model fields are stated by it; a model given
-    by fields lists the shape fields it left to their defaults.
+    by fields lists the shape fields it left to their defaults. Given the ``model``, the
+    uneven-pipeline switches that :func:`~perfcast.features.parallel.pipeline_split` chose
+    (``pp * vpp`` not dividing the layers, no switch stated) are listed last, by name
+    (``pipeline_layout`` for its fallback split, which no column states).
     """
     p = parallel
     relevant = {
@@ -275,7 +288,24 @@ def defaulted_names(
         "gpus_per_node": cluster.num_gpus > 1,
         "inter_node": cluster.num_gpus > cluster.gpus_per_node,
     }
-    return [name for name, matters in relevant.items() if matters and (name not in cells or name == "lora_rank")]
+    names = [name for name, matters in relevant.items() if matters and (name not in cells or name == "lora_rank")]
+    if model is not None and p.pp > 1:
+        names += pipeline_split(model.num_layers, p).defaulted
+    return names
+
+
+def _fold_mxfp8_recipe(fields: dict[str, Any]) -> None:
+    """``dtype=fp8, fp8_recipe=mxfp8`` (Megatron-LM's ``--fp8-format e4m3 --fp8-recipe mxfp8``)
+    is an MXFP8 run: set ``dtype=mxfp8`` in ``fields``. Other values are checked by
+    :class:`ParallelConfig`."""
+    recipe, dtype = fields.get("fp8_recipe"), fields.get("dtype")
+    if not isinstance(recipe, str) or recipe.strip().lower() != Fp8Recipe.MXFP8.value or dtype is None:
+        return
+    try:
+        if DType.parse(dtype) is DType.FP8:
+            fields["dtype"] = DType.MXFP8.value
+    except SpecError:
+        return  # ParallelConfig names the bad dtype
 
 
 def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -46,7 +46,14 @@ from perfcast.data.tables import OP_SHAPE_COLUMNS
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import Activation, ModelSpec, NormType
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType, op_flops, op_memory_bytes
-from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size
+from perfcast.features.parallel import (
+    Finetune,
+    ParallelConfig,
+    Recompute,
+    check_layout,
+    padded_vocab_size,
+    pipeline_split,
+)
 
 
 class Scope:
@@ -103,8 +110,11 @@ class WorkloadGraph:
         nodes: one row per op, columns ``NODE_COLUMNS`` plus ``flops`` and ``mem_bytes``
             (bytes moved to and from device memory).
         edges: ``src``, ``dst`` node ids: ``dst`` starts after ``src`` ends.
-        dense_layers_per_stage, moe_layers_per_stage: layers on the busiest stage.
+        dense_layers_per_stage, moe_layers_per_stage: layers on the busiest stage (the
+            pipeline rank holding the most layers).
         num_microbatches, pp, vpp: the pipeline schedule's parameters.
+        stage_layers: ``(dense, moe)`` layers of each pipeline rank when ranks differ
+            (:func:`layers_per_rank`); ``None`` when every rank holds the busiest stage's.
 
     ``nodes`` and ``edges`` may be given as frames, or (what :func:`build_workload_graph`
     does) as the ``NODE_COLUMNS`` (numpy arrays) and the ``(src, dst)`` pairs: the frames,
@@ -121,6 +131,7 @@ class WorkloadGraph:
         num_microbatches: int,
         pp: int,
         vpp: int,
+        stage_layers: tuple[tuple[int, int], ...] | None = None,
     ) -> None:
         if isinstance(nodes, pd.DataFrame):
             self._nodes: pd.DataFrame | None = nodes
@@ -135,6 +146,7 @@ class WorkloadGraph:
         self.num_microbatches = num_microbatches
         self.pp = pp
         self.vpp = vpp
+        self.stage_layers = stage_layers
 
     @property
     def nodes(self) -> pd.DataFrame:
@@ -199,14 +211,24 @@ class _Builder:
     def __init__(self, dtype: DType) -> None:
         self.rows: list[dict[str, Any]] = []
         self.edges: list[tuple[int, int]] = []
-        vector_dtype = DType.BF16 if dtype is DType.FP8 else (DType.FP32 if dtype is DType.TF32 else dtype)
+        self.low_precision = dtype.is_low_precision
+        vector_dtype = DType.BF16 if self.low_precision else (DType.FP32 if dtype is DType.TF32 else dtype)
         self.dtype_name, self.vector_dtype_name = dtype.value, vector_dtype.value
         self.last: int | None = None
 
     def add(self, name: str, scope: str, phase: str, op: OpType, *, chain: bool = True, **fields: Any) -> int:
-        node = len(self.rows)
         op_name, stream, tensor = _OP_INFO[op]
-        dtype = self.dtype_name if tensor else self.vector_dtype_name
+        if not tensor:
+            dtype = self.vector_dtype_name
+        elif not self.low_precision:
+            dtype = self.dtype_name
+        elif op in GEMM_OPS and _quantized_gemm(name):
+            dtype = self.dtype_name
+            if phase != Phase.RECOMPUTE and not name.endswith(".wgrad"):  # a replay copies its quantize node
+                self._add_quantize(name, scope, phase, chain, fields)
+        else:
+            dtype = self.vector_dtype_name  # attention, LM head, router, attention-core BMMs, LoRA: bf16
+        node = len(self.rows)
         row: dict[str, Any] = {**_ROW_DEFAULTS, **fields, "node": node, "name": name, "scope": scope, "phase": phase,
                                "stream": stream, "op": op_name, "dtype": dtype}  # fmt: skip
         self.rows.append(row)
@@ -215,6 +237,19 @@ class _Builder:
         if chain:
             self.last = node
         return node
+
+    def _add_quantize(self, gemm: str, scope: str, phase: str, chain: bool, shape: Mapping[str, Any]) -> None:
+        """The cast of a low-precision GEMM's bf16 inputs, as one tensor-scalar ``mul`` pass (``<gemm>.quantize``).
+
+        Forward: the activation (``batch*m x k``) and the weight (``batch x n x k``), so
+        ``rows = batch*(m + n)``, ``cols = k``; ``dgrad``: the output gradient (``batch*m x k``
+        in the dgrad's own dims); ``wgrad`` reuses both. A bf16 tensor-scalar pass reads 2 and
+        writes 2 bytes per element: the bf16 read plus the row- and column-wise low-precision
+        copies (with their amax) that the forward and backward GEMMs consume.
+        """
+        batch, m, n, k = (int(shape.get(c, 0)) for c in ("batch", "m", "n", "k"))
+        rows = batch * m if phase == Phase.BACKWARD else batch * (m + n)
+        self.add(f"{gemm}.quantize", scope, phase, OpType.MUL, chain=chain, rows=rows, cols=k, scalar=True)
 
     def columns(self) -> dict[str, np.ndarray]:
         """The ``NODE_COLUMNS`` as arrays, strings as objects."""
@@ -245,6 +280,15 @@ _OP_INFO = {
 }
 """Per op: its name, its stream, and whether it runs in the config's dtype (GEMMs, attention) or the vector dtype."""
 _OP_BY_NAME = {op.value: op for op in OpType}
+QUANTIZED_GEMMS = frozenset({"attn.qkv", "attn.out", "mlp.up", "mlp.down", "moe.up", "moe.down"})
+"""GEMMs (with their dgrad, wgrad and recompute) that run in a low-precision run's dtype (fp8, mxfp8,
+nvfp4, mxfp4): the transformer layers' linear projections. The attention core, LM head, MoE router
+and LoRA adapters stay bf16, as in Transformer Engine and torchao float8 training."""
+
+
+def _quantized_gemm(name: str) -> bool:
+    """Whether GEMM node ``name`` is (derived from) one of :data:`QUANTIZED_GEMMS`."""
+    return ".".join(name.split(".")[:2]) in QUANTIZED_GEMMS and ".lora_" not in name
 
 
 @dataclass(frozen=True)
@@ -281,11 +325,12 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
     )
     b = _Builder(p.dtype)
 
-    moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
-    dense_layers = model.num_layers // p.pp - moe_layers
+    ranks = layers_per_rank(model, p)
+    dense_layers, moe_layers = busiest_rank_layers(ranks)
+    even = len(set(ranks)) == 1
     _add_embedding_forward(b, model, p, ctx)
-    dense_fwd = _add_layer_forward(b, model, p, ctx, g, moe=False) if dense_layers else []
-    moe_fwd = _add_layer_forward(b, model, p, ctx, g, moe=True) if moe_layers else []
+    dense_fwd = _add_layer_forward(b, model, p, ctx, g, moe=False) if any(d for d, _ in ranks) else []
+    moe_fwd = _add_layer_forward(b, model, p, ctx, g, moe=True) if any(m for _, m in ranks) else []
     head_fwd = _add_head_forward(b, model, p, ctx)
     _add_pipeline_transfer(b, p, ctx, g, Phase.FORWARD)
     _add_backward(b, head_fwd, p)
@@ -316,7 +361,27 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
         num_microbatches=p.num_microbatches,
         pp=p.pp,
         vpp=p.vpp,
+        stage_layers=None if even else ranks,
     )
+
+
+def layers_per_rank(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, int], ...]:
+    """``(dense, moe)`` transformer layers of each pipeline rank, rank 0 first.
+
+    A rank holds the layers :func:`~perfcast.features.parallel.pipeline_split` gives it,
+    ``n`` in all; of those, ``ceil(n * num_moe_layers / num_layers)`` are MoE layers (the
+    model's MoE share, rounded up: the busier case), the rest dense.
+
+    Raises:
+        SpecError: the layout's pipeline split does not fit the model.
+    """
+    moe, total = model.num_moe_layers if model.is_moe else 0, model.num_layers
+    return tuple((n - -(-n * moe // total), -(-n * moe // total)) for n in pipeline_split(total, parallel).rank_layers)
+
+
+def busiest_rank_layers(ranks: Sequence[tuple[int, int]]) -> tuple[int, int]:
+    """The ``(dense, moe)`` layers of the rank holding the most layers (the first of equals)."""
+    return max(ranks, key=sum)
 
 
 def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...]:
@@ -334,7 +399,15 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
     same_node = p.pp > 1 and p.tp * p.cp * p.dp < gpus_per_node
     return (p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
-            p.flash_attention, gpus_per_node, zero3_ranks, same_node)  # fmt: skip
+            p.flash_attention, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p))  # fmt: skip
+
+
+def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
+    """The stated uneven-pipeline switches: with the model, ``pp`` and ``vpp`` they fix the
+    layers of each stage (:func:`~perfcast.features.parallel.pipeline_split`)."""
+    p = parallel
+    return (p.account_for_embedding_in_pipeline_split, p.account_for_loss_in_pipeline_split, p.first_stage_layers,
+            p.last_stage_layers)  # fmt: skip
 
 
 def replayed_nodes(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
@@ -380,7 +453,8 @@ def step_ops_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...
     """What :func:`build_step_ops` depends on besides the model: configs of one model with
     equal keys have identical step nodes."""
     p = parallel
-    return (p.tp, p.pp, p.cp, p.ep, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node)
+    return (p.tp, p.pp, p.cp, p.ep, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node, p.vpp,
+            *pipeline_split_key(p))  # fmt: skip
 
 
 def build_step_ops(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
@@ -593,6 +667,8 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
         row = b.rows[node]
         op = _OP_BY_NAME[row["op"]]
         name, scope = row["name"], row["scope"]
+        if name.endswith(".quantize"):  # a cast has no backward; the dgrad quantizes its own input
+            continue
         bwd_of[node] = len(b.rows)
         if op in GEMM_OPS:
             batch, m, n, k = row["batch"], row["m"], row["n"], row["k"]
@@ -670,24 +746,30 @@ def _grad_bytes(p: ParallelConfig) -> int:
 
 
 def trainable_params_per_rank(
-    model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None
+    model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
 ) -> tuple[int, int]:
-    """(non-expert, expert) trainable parameters one GPU of the busiest stage holds.
+    """(non-expert, expert) trainable parameters one GPU of a pipeline stage holds.
 
-    The busiest stage is the first one with the input embedding (also the last when
-    ``pp == 1``); with untied embeddings and ``pp > 1`` the last stage's LM head is
-    usually as large, and the maximum of the two is taken. ``finetune`` overrides the
-    layout's (``Finetune.FULL``: all parameters of the rank).
+    ``rank=None`` is the busiest stage. When every rank holds the same layers, that is
+    the first stage with the input embedding (also the last when ``pp == 1``); with
+    untied embeddings and ``pp > 1`` the last stage's LM head is usually as large, and the
+    maximum of the two is taken. When ranks differ (:func:`layers_per_rank`) it is the
+    rank with the most parameters, its own embedding or LM head included. ``rank`` picks
+    pipeline rank ``rank`` instead. ``finetune`` overrides the layout's
+    (``Finetune.FULL``: all parameters of the rank).
     """
+    ranks = layers_per_rank(model, p)
+    if rank is None and len(set(ranks)) > 1:
+        per_rank = [trainable_params_per_rank(model, p, finetune=finetune, rank=r) for r in range(p.pp)]
+        return max(per_rank, key=sum)
+    dense_layers, moe_layers = ranks[rank] if rank is not None else ranks[0]
     if (finetune or p.finetune) is Finetune.LORA:
         qkv_out = model.head_size * (model.num_heads + 2 * model.kv_heads)
         per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (
             model.head_size * model.num_heads + model.hidden_size
         )
-        return per_layer * (model.num_layers // p.pp) // p.tp, 0
-    layers = model.num_layers // p.pp
-    moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
-    dense = (layers - moe_layers) * (
+        return per_layer * (dense_layers + moe_layers) // p.tp, 0
+    dense = dense_layers * (
         model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer
     )
     moe_shared = moe_layers * (model.attention_params_per_layer + model.norm_params_per_layer)
@@ -695,7 +777,10 @@ def trainable_params_per_rank(
     vocab_rows = padded_vocab_size(model, p.tp) * model.hidden_size
     first = model.embedding_params - model.vocab_size * model.hidden_size + vocab_rows
     last = 0 if model.tied_embeddings and p.pp == 1 else vocab_rows
-    ends = first + last if p.pp == 1 else max(first, last)
+    if rank is None:
+        ends = first + last if p.pp == 1 else max(first, last)
+    else:
+        ends = (first if rank == 0 else 0) + (last if rank == p.pp - 1 else 0)
     return (dense + moe_shared + ends) // p.tp, experts // (p.tp * p.ep)
 
 

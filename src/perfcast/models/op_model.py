@@ -92,6 +92,11 @@ DOMAIN_DIMS = {
     OpClass.ATTENTION.value: ("l_b", "l_heads", "l_seq_q", "l_seq_kv", "l_head_dim"),
 }
 _DOMAIN_TOL = 1e-9
+LEGACY_ELEM_BYTES = (1.0, 2.0, 4.0)
+"""Element sizes (fp8, 16-bit, 32-bit) assumed for a bundle that does not record its training
+dtypes: every dtype that existed before the block-scaled ones. A row whose dtype's size
+(``elem_bytes``) is not among the training sizes is out of domain: its correction comes from
+other formats' efficiency over its own roofline."""
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -151,6 +156,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         interval_kind_: ``{class: "gpu" | "row" | "in-sample" | "borrowed:<class>"}``
             (borrowed: too few GPUs of its own, see :data:`SHIFT_DONORS`).
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
+        train_elem_bytes_: element sizes (``DType.bytes_per_element``) of the training rows;
+            other dtypes are out of domain.
     """
 
     def __init__(
@@ -220,6 +227,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
 
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
         self.train_gpus_ = tuple(sorted(pd.unique(feats["gpu_id"])))
+        self.train_elem_bytes_ = tuple(sorted(float(v) for v in pd.unique(feats["elem_bytes"].dropna())))
         self.gpu_domain_ = _gpu_domain(self.train_gpus_)
         self.dim_domain_ = {
             cls: {
@@ -505,6 +513,10 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 if value is None or not (lo - _DOMAIN_TOL <= value <= hi + _DOMAIN_TOL):
                     flags[gpu_ids == gpu] = True
                     break
+        sizes = np.asarray(getattr(self, "train_elem_bytes_", LEGACY_ELEM_BYTES), dtype=float)
+        elem = feats["elem_bytes"].to_numpy(dtype=float)
+        seen = np.isclose(elem[:, None], sizes[None, :], rtol=0.0, atol=1e-6).any(axis=1)
+        flags |= ~np.isnan(elem) & ~seen
         for cls, ranges in self.dim_domain_.items():
             m = (feats["op_class"] == cls).to_numpy()
             for col, (lo, hi) in ranges.items():
@@ -547,6 +559,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 c: {"values": vals.tolist(), "weights": wts.tolist()} for c, (vals, wts) in self.residuals_.items()
             },
             "train_gpus": list(self.train_gpus_),
+            "train_elem_bytes": list(self.train_elem_bytes_),
             "gpu_domain": {k: list(v) for k, v in self.gpu_domain_.items()},
             "dim_domain": {c: {k: list(v) for k, v in r.items()} for c, r in self.dim_domain_.items()},
         }
@@ -578,6 +591,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 for c, r in meta["residuals"].items()
             }
             model.train_gpus_ = tuple(meta["train_gpus"])
+            model.train_elem_bytes_ = tuple(float(v) for v in meta.get("train_elem_bytes", LEGACY_ELEM_BYTES))
             model.gpu_domain_ = {k: (float(a), float(b)) for k, (a, b) in meta["gpu_domain"].items()}
             model.dim_domain_ = {
                 c: {k: (float(a), float(b)) for k, (a, b) in r.items()} for c, r in meta["dim_domain"].items()

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from importlib.metadata import version
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
 import pandas as pd
@@ -59,8 +59,9 @@ from perfcast.serve.predictors import load_op_predictor, load_step_predictor, wi
 from perfcast.serve.service_limits import ServiceLimits
 
 __version__ = version("perfcast")
+NOT_JSON = "the body is not valid JSON (NaN, Infinity and numbers beyond float range are not JSON)"
 MAX_ERRORS_SHOWN = 20
-"""Most field errors one 422 lists (the count of all is given too)."""
+"""Most field errors one 422 lists."""
 
 
 _Scalar = str | int | float | bool | None
@@ -109,7 +110,7 @@ class RunRow(BaseModel):
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, _Scalar]
 
-    model: str | dict[str, Any] | None = Field(
+    model: Annotated[str, Field(max_length=4096)] | dict[str, Any] | None = Field(
         None,
         description="Preset id (GET /v1/models), a config as a JSON object (perfcast fields or a Hugging Face "
         "config.json), or a config file in a folder the operator allowed",
@@ -138,6 +139,9 @@ class RunRow(BaseModel):
     finetune: str | None = Field(None, max_length=32, description="full, sft or lora")
     lora_rank: int | None = _size("lora_rank")
     dtype: str | None = Field(None, max_length=32)
+    fp8_recipe: str | None = Field(
+        None, max_length=32, description="fp8 scaling: tensorwise, delayed, blockwise or mxfp8 (default from dtype)"
+    )
     flash_attention: bool | None = None
     overlap_grad_reduce: bool | None = Field(None, description="Data-parallel sync overlapped with the last backward")
     gpu: str = Field(..., max_length=200, description="Catalog id or device name")
@@ -169,7 +173,9 @@ class StepsRequest(BaseModel):
 class SearchRequest(BaseModel):
     """A layout search: a model on ``num_gpus`` GPUs of each type in ``gpus``."""
 
-    model: str | dict[str, Any] = Field(..., description="Preset id, an inline config, or an allowed config file")
+    model: Annotated[str, Field(max_length=4096)] | dict[str, Any] = Field(
+        ..., description="Preset id, an inline config, or an allowed config file"
+    )
     gpus: list[str] = Field(..., min_length=1, max_length=16, description="GPU types to compare")
     num_gpus: int = Field(..., ge=1, le=FIELD_MAX["num_gpus"])
     global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"], description="Sequences per step")
@@ -228,14 +234,25 @@ def _field_errors(exc: ValidationError, prefix: tuple[str, ...] = ("body",)) -> 
     return [{"loc": [*prefix, *e["loc"]], "msg": e["msg"], "type": e["type"]} for e in errors[:MAX_ERRORS_SHOWN]]
 
 
+def _refuse_constant(name: str) -> float:
+    """``json.loads`` hook: NaN and Infinity are not JSON (Python's reader would accept them)."""
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """``json.loads`` hook: a number that overflows a float (``1e999``) is refused, not read as inf."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} overflows a float")
+    return value
+
+
 def _parse(raw: bytes, schema: type[BaseModel]) -> BaseModel:
     """The request body as ``schema``; RequestRefused(422) names each bad field and row."""
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
-        raise RequestRefused(
-            422, [{"loc": ["body"], "msg": "the body is not valid JSON", "type": "json_invalid"}]
-        ) from None
+        raise RequestRefused(422, [{"loc": ["body"], "msg": NOT_JSON, "type": "json_invalid"}]) from None
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
