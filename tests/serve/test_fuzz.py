@@ -475,17 +475,9 @@ NON_FINITE_BODIES = {
 """Bodies with NaN, Infinity or 1e999 where the request schema takes any value."""
 
 
-_ECHO_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="api.py echoes the non-finite float into the response, whose strict JSON encoder raises (a 500); "
-    "fix: refuse NaN/Infinity/1e999 in _parse (json.loads parse_constant and parse_float) with a 422",
-)
-
-
 @pytest.mark.parametrize(
     "path, body",
-    [pytest.param(*v, id=k, marks=[_ECHO_BUG] if k.startswith(("pass-through", "inline")) else [])
-     for k, v in NON_FINITE_BODIES.items()],
+    [pytest.param(*v, id=k) for k, v in NON_FINITE_BODIES.items()],
 )  # fmt: skip
 def test_non_finite_json_numbers_are_refused_or_answered(path: str, body: str) -> None:
     client = TestClient(create_app(model="analytic"), raise_server_exceptions=False)
