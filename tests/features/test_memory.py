@@ -170,3 +170,33 @@ def test_peak_memory_table_equals_peak_memory_per_config():
     assert got.loc[0, "peak_mem_gib"] == got.loc[1, "peak_mem_gib"]  # the GPU does not matter
     assert got.loc[2, "activations_gib"] != got.loc[3, "activations_gib"]  # the microbatches in flight do
     assert not got["fits_memory"].all() and got["fits_memory"].any()
+
+
+# ------------------------------------------------------------------ uneven pipeline stages
+
+
+def test_uneven_stages_peak_at_the_fullest_rank():
+    from perfcast.features.memory import peak_memory_table
+    from perfcast.features.run_config import parse_run_row
+
+    row = {"model": "llama3.1-405b", "tp": 8, "pp": 8, "dp": 1, "micro_batch": 1, "global_batch": 16,
+           "gpu": "h100-sxm5-80gb", "sequence_parallel": True}  # fmt: skip
+    uneven = parse_run_row(row)  # 126 layers: 15, 16 * 6, 15 (the embedding and the loss count as layers)
+    even = {n: parse_run_row({**row, "num_layers": n}) for n in (120, 128)}
+    peak = {n: peak_memory(c.model, c.parallel, c.cluster) for n, c in even.items()}
+    got = peak_memory(uneven.model, uneven.parallel, uneven.cluster)
+    # rank 0 (15 layers, 8 microbatches in flight) outweighs rank 1 (16 layers, 7 in flight): as 120 layers
+    assert got.activations_gib == pytest.approx(peak[120].activations_gib, rel=1e-12)
+    assert got.total_gib == pytest.approx(peak[120].total_gib, rel=1e-12)
+    assert got.total_gib < peak[128].total_gib
+    table = peak_memory_table([uneven, even[128]])
+    assert table["peak_mem_gib"].tolist() == pytest.approx([got.total_gib, peak[128].total_gib], rel=1e-12)
+
+
+def test_interleaved_in_flight_per_rank_matches_the_first_stage_rule():
+    model = GPT.model_copy(update={"num_layers": 10})
+    p = ParallelConfig(pp=2, vpp=2, global_batch=4, first_stage_layers=6, last_stage_layers=4)
+    got = peak_memory(model, p, ClusterSpec.build("h100-sxm5-80gb", 2))
+    per_layer = activation_bytes_per_layer(model, p)
+    # rank 0: 6 layers, 2 * (1 + 1 / 4) = 2.5 microbatches in flight; rank 1: 4 layers, (2 + 1) / 2 = 1.5
+    assert got.activations_gib == pytest.approx(6 * per_layer * 2.5 / GIB, rel=1e-12)

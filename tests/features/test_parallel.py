@@ -9,7 +9,15 @@ import pytest
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
-from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size
+from perfcast.features.parallel import (
+    DEFAULT_SPLIT_NAME,
+    Finetune,
+    ParallelConfig,
+    Recompute,
+    check_layout,
+    padded_vocab_size,
+    pipeline_split,
+)
 
 GPT = ModelSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 
@@ -125,13 +133,14 @@ def test_tp_must_divide_ffn():
         check_layout(model, ParallelConfig(tp=2, global_batch=1), _cluster(2))
 
 
-@pytest.mark.parametrize(
-    ("pp", "vpp", "text"),
-    [(3, 1, "pp*vpp=3*1=3 does not divide num_layers=4"), (2, 4, "pp*vpp=2*4=8 does not divide num_layers=4")],
-)
-def test_pp_times_vpp_must_divide_layers(pp, vpp, text):
-    with _raises(SpecError, text):
-        check_layout(GPT, ParallelConfig(pp=pp, vpp=vpp, global_batch=pp * 2), _cluster(pp))
+def test_more_virtual_stages_than_layers_is_refused():
+    with _raises(SpecError, "pp*vpp=2*4=8 exceeds num_layers=4: every virtual pipeline stage needs a layer"):
+        check_layout(GPT, ParallelConfig(pp=2, vpp=4, global_batch=8), _cluster(2))
+
+
+def test_pp_not_dividing_layers_takes_the_default_split():
+    check_layout(GPT, ParallelConfig(pp=3, global_batch=6), _cluster(3))  # 4 layers: 1, 2, 1 (+ embedding, loss)
+    assert pipeline_split(4, ParallelConfig(pp=3, global_batch=6)).layers == (1, 2, 1)
 
 
 def test_interleaved_schedule_needs_microbatches_multiple_of_pp():
@@ -195,3 +204,83 @@ def test_padded_vocab_size(vocab, tp, multiple, padded):
     got = padded_vocab_size(model, tp, multiple)
     assert got == padded
     assert got % (multiple * tp) == 0 and 0 <= got - vocab < multiple * tp
+
+
+# ------------------------------------------------------------------ pipeline split
+
+EMB, LOSS = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
+FIRST, LAST = "first_stage_layers", "last_stage_layers"
+
+
+def _split(num_layers: int, pp: int, vpp: int = 1, **switches):
+    return pipeline_split(num_layers, ParallelConfig(pp=pp, vpp=vpp, global_batch=pp, **switches))
+
+
+def test_even_split_states_no_default():
+    split = _split(32, 4, 2)
+    assert split.layers == (4,) * 8 and split.rank_layers == (8,) * 4
+    assert split.is_even and split.defaulted == ()
+
+
+def test_account_switches_count_embedding_and_loss_as_layers():
+    # Megatron-Core: (126 + 2) / (8 * 8) = 2 per virtual stage; the first and last build one less
+    split = _split(126, 8, 8, **{EMB: True, LOSS: True})
+    assert split.layers[0] == 1 and split.layers[-1] == 1 and set(split.layers[1:-1]) == {2}
+    assert split.rank_layers == (15, 16, 16, 16, 16, 16, 16, 15) and split.defaulted == ()
+    assert _split(31, 8, **{LOSS: True}).rank_layers == (4,) * 7 + (3,)
+    assert _split(31, 8, **{EMB: True}).rank_layers == (3,) + (4,) * 7
+
+
+def test_first_and_last_stage_layers_split_the_rest_evenly():
+    split = _split(126, 8, 2, **{FIRST: 14, LAST: 16})
+    assert split.rank_layers == (14,) + (16,) * 7 and split.layers[0] == split.layers[8] == 7
+    assert _split(10, 2, **{FIRST: 4, LAST: 6}).rank_layers == (4, 6)
+    assert _split(13, 4, **{LAST: 4}).rank_layers == (3, 3, 3, 4)
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "ranks", "defaulted"),
+    [
+        (126, 8, 8, (15,) + (16,) * 6 + (15,), (EMB, LOSS)),  # Llama 3.1 405B, the NeMo recipe's split
+        (126, 8, 1, (15,) + (16,) * 6 + (15,), (EMB, LOSS)),
+        (32, 3, 1, (11, 11, 10), (LOSS,)),
+        (61, 8, 1, (7,) + (8,) * 6 + (6,), (FIRST, LAST)),  # DeepSeek-V3 / Kimi-K2 depth
+        (61, 4, 1, (15, 16, 16, 14), (FIRST, LAST)),
+        (61, 4, 8, (15, 16, 16, 14), (DEFAULT_SPLIT_NAME,)),
+        (61, 8, 4, (7,) + (8,) * 6 + (6,), (DEFAULT_SPLIT_NAME,)),
+        (61, 2, 2, (31, 30), (DEFAULT_SPLIT_NAME,)),
+    ],
+)
+def test_default_split_when_pp_times_vpp_does_not_divide(layers, pp, vpp, ranks, defaulted):
+    split = _split(layers, pp, vpp)
+    assert split.rank_layers == ranks and split.defaulted == defaulted
+    assert sum(split.layers) == layers and min(split.layers) >= 1 and len(split.layers) == pp * vpp
+    assert max(split.layers) - min(split.layers) <= 1 or defaulted == (FIRST, LAST)
+
+
+def test_default_spread_keeps_the_end_virtual_stages_light():
+    split = _split(61, 4, 8)  # 32 virtual stages, 29 of them take a second layer
+    assert split.layers[0] == 1 and split.layers[-1] == 1
+    assert all(split.layers[c * 4 + r] == 2 for c in range(8) for r in (1, 2))  # middle ranks first
+
+
+@pytest.mark.parametrize(
+    ("layers", "pp", "vpp", "switches", "text"),
+    [
+        (126, 8, 2, {FIRST: 15}, "first_stage_layers=15 is not a multiple of vpp=2"),
+        (126, 8, 1, {FIRST: 20, LAST: 20}, "leave 86 of num_layers=126 layers, which do not split evenly over the 6"),
+        (126, 8, 1, {FIRST: 100, LAST: 24}, "leave 2 of num_layers=126 for 6 other pipeline ranks"),
+        (10, 2, 1, {FIRST: 4, LAST: 5}, "first_stage_layers=4, last_stage_layers=5 hold 9 layers but num_layers=10"),
+        (126, 8, 2, {EMB: True}, "pp*vpp=8*2=16 does not divide num_layers+1=127 (num_layers=126"),
+        (126, 8, 1, {FIRST: 14, LOSS: True}, "first_stage_layers=14 with account_for_loss_in_pipeline_split=true"),
+        (8, 1, 1, {LAST: 8}, "last_stage_layers=8 needs pp > 1"),
+    ],
+)
+def test_stated_split_is_checked(layers, pp, vpp, switches, text):
+    with _raises(ValueError, text):  # SpecError from the split, pydantic's ValueError from ParallelConfig
+        _split(layers, pp, vpp, **switches)
+
+
+def test_stated_stage_layers_must_be_positive():
+    with pytest.raises(ValueError, match="first_stage_layers"):
+        ParallelConfig(pp=2, global_batch=2, first_stage_layers=0)

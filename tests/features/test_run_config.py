@@ -197,3 +197,35 @@ def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     from_reader = parse_run_row({**LLAMA_ON_8, "defaulted_fields": "vpp, overlap_grad_reduce", "tp": 1, "dp": 8})
     assert from_reader.defaulted[:2] == ("vpp", "overlap_grad_reduce")  # the reader's names first, once each
     assert from_reader.defaulted.count("overlap_grad_reduce") == 1
+
+
+# ------------------------------------------------------------------ uneven pipeline stages
+
+LLAMA_405B_PP8 = {"model": "llama3.1-405b", "tp": 8, "pp": 8, "vpp": 8, "dp": 1, "global_batch": 16,
+                  "gpu": "h100-sxm5-80gb", "sequence_parallel": True, "micro_batch": 1}  # fmt: skip
+SWITCHES = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+
+
+def test_default_pipeline_split_is_named_in_defaulted_fields():
+    config = parse_run_row(LLAMA_405B_PP8)
+    assert config.defaulted[-2:] == SWITCHES
+    assert not config.parallel.account_for_embedding_in_pipeline_split  # the row's fields stay as stated
+    stated = parse_run_row({**LLAMA_405B_PP8, **dict.fromkeys(SWITCHES, "true")})
+    assert not set(SWITCHES) & set(stated.defaulted)
+    assert stated.parallel.account_for_loss_in_pipeline_split
+    even = parse_run_row({**LLAMA_405B_PP8, "model": "llama3.1-70b"})  # 80 layers: no default split
+    assert not set(SWITCHES) & set(even.defaulted)
+
+
+def test_stage_layer_columns_are_parsed_and_checked():
+    config = parse_run_row({**LLAMA_405B_PP8, "vpp": 2, "first_stage_layers": "14", "last_stage_layers": 16.0})
+    assert (config.parallel.first_stage_layers, config.parallel.last_stage_layers) == (14, 16)
+    assert "first_stage_layers" not in config.defaulted
+    with pytest.raises(SpecError, match=r"first_stage_layers=2\.5 is not a whole number; allowed: 1\.\.10000"):
+        parse_run_row({**LLAMA_405B_PP8, "first_stage_layers": 2.5})
+    with pytest.raises(SpecError, match="last_stage_layers=12 is not a multiple of vpp=8"):
+        parse_run_row({**LLAMA_405B_PP8, "last_stage_layers": 12})
+    with pytest.raises(SpecError, match="account_for_loss_in_pipeline_split='maybe' is not a boolean"):
+        parse_run_row({**LLAMA_405B_PP8, "account_for_loss_in_pipeline_split": "maybe"})
+    with pytest.raises(SpecError, match=r"leave 2 of num_layers=126 for 6 other pipeline ranks"):
+        parse_run_row({**LLAMA_405B_PP8, "vpp": 1, "first_stage_layers": 100, "last_stage_layers": 24})

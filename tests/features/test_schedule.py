@@ -256,3 +256,84 @@ def test_body_plan_equals_compose_step(overlap):
             assert got[name][i] == pytest.approx(value, rel=1e-12, abs=1e-12), name
         absent = [k for k in got if k.startswith("comm_") and k.removeprefix("comm_")[:-3] not in expected.comm_ms]
         assert all(np.isnan(got[k][i]) for k in absent)
+
+
+# ------------------------------------------------------------------ uneven pipeline stages
+
+
+def _per_rank_stage_ms(g: WorkloadGraph, times: np.ndarray) -> np.ndarray:
+    """Each rank's microbatch time from its own layer counts (vpp=1, no overlap, no host floor)."""
+    scope = g.nodes["scope"].to_numpy()
+    part = {name: float(times[scope == name].sum()) for name in ("layer", "moe_layer", "stage", "first_stage",
+                                                                   "last_stage")}  # fmt: skip
+    ranks = g.stage_layers
+    out = [d * part["layer"] + m * part["moe_layer"] + part["stage"] for d, m in ranks]
+    out[0] += part["first_stage"]
+    out[-1] += part["last_stage"]
+    return np.array(out)
+
+
+@pytest.mark.parametrize(
+    ("layers", "fields", "ranks"),
+    [
+        (7, {"pp": 3}, (2, 3, 2)),  # 7 + embedding + loss = 9 over 3 stages
+        (9, {"pp": 2, "first_stage_layers": 6, "last_stage_layers": 3}, (6, 3)),
+        (8, {"pp": 3, "account_for_loss_in_pipeline_split": True}, (3, 3, 2)),
+    ],
+)
+def test_uneven_stages_are_timed_by_their_own_layers(layers, fields, ranks):
+    model = GPT.model_copy(update={"num_layers": layers})
+    g, _ = _setup(model, global_batch=6, **fields)
+    assert tuple(d for d, _ in g.stage_layers) == ranks
+    assert g.dense_layers_per_stage == max(ranks)
+    rng = np.random.default_rng(0)
+    times = rng.uniform(0.1, 1.0, g.num_nodes)
+    step = compose_step(g, times, host_ms_per_kernel=0.0)
+    stages = _per_rank_stage_ms(g, times)
+    step_nodes = (g.nodes["scope"] == "step").to_numpy()
+    m = g.num_microbatches
+    pipeline = m * stages.max() + stages.sum() - stages.max()
+    assert step.step_ms == pytest.approx(pipeline + times[step_nodes].sum(), rel=1e-12)
+    assert step.bubble_ms == pytest.approx(stages.sum() - stages.max(), rel=1e-12)
+    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    assert parts == pytest.approx(step.step_ms, rel=1e-12)
+
+
+def test_the_slowest_uneven_stage_sets_the_steady_state():
+    light = GPT.model_copy(update={"num_layers": 9})
+    for first, last in ((3, 6), (6, 3)):
+        g, _ = _setup(light, pp=2, global_batch=8, first_stage_layers=first, last_stage_layers=last)
+        times = np.where(g.nodes["scope"] == "layer", 1.0, 0.0)
+        step = compose_step(g, times, host_ms_per_kernel=0.0)
+        per_layer = float(times.sum())
+        # 9 layers: 6 on the slow stage, 3 on the other; an even 4.5 / 4.5 split would take 8 * 4.5 + 4.5
+        assert step.step_ms == pytest.approx(8 * 6 * per_layer + 3 * per_layer, rel=1e-12)
+        assert step.step_ms > 8 * 4.5 * per_layer + 4.5 * per_layer
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_body_plan_equals_compose_step_for_uneven_stages(overlap):
+    from perfcast.features.schedule import BodyPlan, BodyTemplate
+
+    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 512})
+    graphs = [
+        _setup(GPT.model_copy(update={"num_layers": 7}), pp=3, dp=2, global_batch=6, zero_stage=1)[0],
+        _setup(GPT.model_copy(update={"num_layers": 11}), pp=2, vpp=2, tp=2, global_batch=4, sequence_parallel=True)[0],
+        _setup(mixtral, pp=3, dp=2, ep=2, global_batch=6)[0],
+        _setup(GPT, pp=2, global_batch=4)[0],  # an even body beside them
+    ]
+    assert [g.stage_layers is None for g in graphs] == [False, False, False, True]
+    times = [np.random.default_rng(i).uniform(0.01, 1.0, g.num_nodes) for i, g in enumerate(graphs)]
+    bodies = [BodyTemplate.from_graph(g) for g in graphs]
+    plan = BodyPlan(bodies, overlap_grad_reduce=overlap)
+    body_ms = np.concatenate([t[: b.num_nodes] for t, b in zip(times, bodies, strict=True)])
+    stages = plan.stages(body_ms)
+    step = [t[b.num_nodes :] for t, b in zip(times, bodies, strict=True)]
+    is_opt = [g.column("op")[b.num_nodes :] == "optimizer" for g, b in zip(graphs, bodies, strict=True)]
+    sync = np.array([s[~o].sum() for s, o in zip(step, is_opt, strict=True)])
+    optim = np.array([s[o].sum() for s, o in zip(step, is_opt, strict=True)])
+    got = plan.finish(stages, np.arange(4), np.array([g.num_microbatches for g in graphs]), sync, optim)
+    for i, (g, t) in enumerate(zip(graphs, times, strict=True)):
+        expected = compose_step(g, t, overlap_grad_reduce=overlap)
+        assert got["step_ms"][i] == pytest.approx(expected.step_ms, rel=1e-12)
+        assert got["bubble_ms"][i] == pytest.approx(expected.bubble_ms, rel=1e-12)

@@ -525,3 +525,41 @@ def test_configs_with_one_body_key_share_their_body_nodes():
     assert body_structure_key(ParallelConfig(tp=2, pp=2, dp=1, global_batch=4), 4) != body_structure_key(one, 4)
     zero3 = ParallelConfig(tp=2, pp=2, dp=2, zero_stage=3, global_batch=4)
     assert body_structure_key(zero3, 4) != body_structure_key(one, 4)
+
+
+# ------------------------------------------------------------------ uneven pipeline stages
+
+
+def test_layers_per_rank_follow_the_pipeline_split():
+    from perfcast.features.workload import layers_per_rank
+
+    model = GPT.model_copy(update={"num_layers": 7})
+    p = ParallelConfig(pp=3, global_batch=3)
+    assert layers_per_rank(model, p) == ((2, 0), (3, 0), (2, 0))  # 7 + embedding + loss over 3 stages
+    g = _graph(model, pp=3)
+    assert g.stage_layers == ((2, 0), (3, 0), (2, 0))
+    assert (g.dense_layers_per_stage, g.moe_layers_per_stage) == (3, 0)
+    assert _graph(GPT, pp=2).stage_layers is None  # even: every rank holds the busiest stage's layers
+
+
+def test_moe_layers_per_rank_take_the_models_share_rounded_up():
+    from perfcast.features.workload import layers_per_rank
+
+    moe = ModelSpec(num_layers=12, hidden_size=512, num_heads=8, vocab_size=1000, ffn_hidden_size=1024,
+                    num_experts=4, top_k=2, moe_layer_freq=2)  # fmt: skip
+    even = layers_per_rank(moe, ParallelConfig(pp=4, global_batch=4))
+    assert even == ((1, 2),) * 4  # the even rule of old: ceil(6 / 4) MoE layers per stage
+    uneven = layers_per_rank(moe, ParallelConfig(pp=2, global_batch=2, first_stage_layers=5, last_stage_layers=7))
+    assert uneven == ((2, 3), (3, 4))  # ceil(5 * 6 / 12), ceil(7 * 6 / 12)
+
+
+def test_trainable_params_of_uneven_ranks():
+    model = GPT.model_copy(update={"num_layers": 7})
+    p = ParallelConfig(pp=3, global_batch=3)
+    per_layer = model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer
+    vocab = padded_vocab_size(model, 1) * model.hidden_size
+    ranks = [trainable_params_per_rank(model, p, rank=r)[0] for r in range(3)]
+    assert ranks[1] == 3 * per_layer
+    assert ranks[0] == 2 * per_layer + model.embedding_params - model.vocab_size * model.hidden_size + vocab
+    assert ranks[2] == 2 * per_layer + vocab
+    assert trainable_params_per_rank(model, p)[0] == max(ranks)

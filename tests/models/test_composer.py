@@ -288,3 +288,47 @@ def test_compose_table_with_flagged_op_predictions_equals_the_two_calls():
     np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-12, atol=0)
     assert flags.tolist() == expected_flags.tolist()
     assert got["step_lo_ms"].lt(got["step_hi_ms"]).all()
+
+
+UNEVEN = [  # pp*vpp not dividing the layers (gpt3-1.3b: 24, mixtral: 32), default and stated splits
+    {**BASE, "pp": 5, "global_batch": 80, "num_gpus": 5},
+    {**BASE, "pp": 5, "vpp": 2, "global_batch": 80, "num_gpus": 5, "recompute": "full"},
+    {**BASE, "tp": 2, "pp": 4, "vpp": 4, "dp": 2, "global_batch": 64, "sequence_parallel": True},
+    {**BASE, "pp": 4, "vpp": 2, "dp": 2, "first_stage_layers": 4, "last_stage_layers": 4, "zero_stage": 1,
+     "overlap_grad_reduce": True},
+    {**BASE, "pp": 5, "dp": 2, "account_for_embedding_in_pipeline_split": True, "gpus_per_node": 2,
+     "global_batch": 80},
+    {**BASE, "model": "mixtral-8x7b", "tp": 2, "pp": 3, "dp": 2, "ep": 2, "global_batch": 60, "gpus_per_node": 4,
+     "gpu": "h100-sxm5-80gb"},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_compose_table_equals_composing_every_config_with_uneven_stages(overlap):
+    rows = [*UNEVEN, *VARIED[:3], *({**row, "recompute": r} for row in UNEVEN[:2] for r in ("none", "selective"))]
+    configs = [parse_run_row(row) for row in rows]
+    assert sum(c.defaulted.count("account_for_loss_in_pipeline_split") for c in configs) >= 3
+    composer = StepComposer(SpyPredictor(), overlap_grad_reduce=overlap)
+    steps = composer.compose_many(configs)
+    assert [s.graph.stage_layers is not None for s in steps[: len(UNEVEN)]] == [True] * len(UNEVEN)
+    expected = composed_frame(steps)
+    for _ in range(2):  # the second call reuses the remembered bodies (keyed by each rank's layers)
+        got, _ = composer.compose_table(configs)
+        np.testing.assert_allclose(got.to_numpy(), expected.to_numpy(), rtol=1e-11, atol=1e-12)
+
+
+def test_uneven_split_is_slower_than_the_even_split_of_fewer_layers():
+    def step(row):
+        return StepComposer(AnalyticOpPredictor()).compose(parse_run_row(row)).step_ms
+
+    base = {**BASE, "pp": 4, "global_batch": 64, "num_gpus": 4}
+    # a tiny vocabulary: the embedding and the LM head weigh next to nothing
+    ms = {n: step({**base, "model": None, "num_layers": n, "hidden_size": 2048, "num_heads": 16,
+                   "vocab_size": 128, "seq_len": 2048}) for n in (24, 25, 28)}  # fmt: skip
+    # 25 layers: 6, 7, 7, 5 (first_stage_layers, last_stage_layers by default): timed by a 7-layer stage
+    shape = {"model": None, "hidden_size": 2048, "num_heads": 16, "vocab_size": 128}
+    defaulted = parse_run_row({**base, **shape, "num_layers": 25}).defaulted
+    assert defaulted[-2:] == ("first_stage_layers", "last_stage_layers")
+    assert ms[24] < ms[25] < ms[28]
+    assert ms[25] > ms[24] + (ms[28] - ms[24]) / 4  # above an even 6.25 layers per stage
+    assert ms[25] > 0.97 * ms[28]  # the 28-layer split's stages hold 7 layers too

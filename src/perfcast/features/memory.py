@@ -19,6 +19,14 @@ the default), which never stores the scores; full recomputation keeps only the l
 ``2*s*b*h`` (divided by ``t`` with sequence parallelism). The first pipeline stage holds
 ``min(m, pp)`` microbatches in flight under 1F1B, times ``1 + (pp-1)/(pp*vpp)`` when
 interleaved.
+
+When pipeline ranks hold different layers (an uneven split, see
+:func:`~perfcast.features.parallel.pipeline_split`), each rank is sized with its own
+layers, its embedding or LM head, and its own microbatches in flight: ``min(m, pp - r)``
+on rank ``r`` under 1F1B, ``(2*(pp - r - 1) + (vpp - 1)*pp + 1) / vpp`` interleaved
+(Megatron-LM's warm-up plus one, in whole-rank microbatches; both give the figures above
+on rank 0); the peak is the largest rank's total. With equal ranks the first stage is the
+largest.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size
 from perfcast.features.run_config import RunConfig
-from perfcast.features.workload import trainable_params_per_rank
+from perfcast.features.workload import layers_per_rank, trainable_params_per_rank
 
 GIB = 1024**3
 USABLE_MEMORY_FRACTION = 0.9
@@ -96,7 +104,8 @@ def _in_flight_microbatches(p: ParallelConfig) -> float:
 
 
 def peak_memory(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> MemoryBreakdown:
-    """Peak memory per GPU of the first pipeline stage (weights and in-flight activations)."""
+    """Peak memory per GPU of the fullest pipeline stage (weights and in-flight activations):
+    the first one when every stage holds the same layers (see the module docstring)."""
     inputs = _memory_inputs(model, parallel, trainable_params_per_rank, activation_bytes_per_layer)
     parts = _memory_parts(np.array([inputs], dtype=object))
     return MemoryBreakdown(**{name: float(values[0]) for name, values in parts.items()})
@@ -112,6 +121,9 @@ def _memory_inputs(
 ) -> tuple[Any, ...]:
     """The :data:`_INPUTS` of one config, with the parameter and activation counts of ``params`` and
     ``layer_bytes`` (:func:`trainable_params_per_rank` and :func:`activation_bytes_per_layer`, or memos of them)."""
+    ranks = layers_per_rank(model, p)
+    if len(set(ranks)) > 1:
+        return _fullest_rank_inputs(model, p, ranks, params, layer_bytes)
     dp_ranks = p.dp * p.cp
     layers = model.num_layers // p.pp
     moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
@@ -121,6 +133,30 @@ def _memory_inputs(
     return (*params(model, p, finetune=Finetune.FULL), *params(model, p), dp_ranks, max(1, dp_ranks // p.ep),
             p.zero_stage, p.dtype in (DType.FP32, DType.TF32), p.finetune is Finetune.LORA, per_mb,
             _in_flight_microbatches(p), logits)  # fmt: skip
+
+
+def _fullest_rank_inputs(
+    model: ModelSpec,
+    p: ParallelConfig,
+    ranks: Sequence[tuple[int, int]],
+    params: Callable[..., tuple[int, int]],
+    layer_bytes: Callable[..., float],
+) -> tuple[Any, ...]:
+    """The :data:`_INPUTS` of the pipeline rank with the largest total, ranks holding ``ranks``
+    (dense, MoE) layers; ``pp > 1``, so no rank keeps the logits."""
+    dense_bytes, moe_bytes = layer_bytes(model, p), layer_bytes(model, p, moe=True) if model.is_moe else 0.0
+    dp_ranks, m = p.dp * p.cp, p.num_microbatches
+    rows = []
+    for r, (dense, moe) in enumerate(ranks):
+        if p.vpp > 1:
+            in_flight = min(float(m), (2 * (p.pp - r - 1) + (p.vpp - 1) * p.pp + 1) / p.vpp)
+        else:
+            in_flight = float(min(m, p.pp - r))
+        rows.append((*params(model, p, finetune=Finetune.FULL, rank=r), *params(model, p, rank=r), dp_ranks,
+                     max(1, dp_ranks // p.ep), p.zero_stage, p.dtype in (DType.FP32, DType.TF32),
+                     p.finetune is Finetune.LORA, dense * dense_bytes + moe * moe_bytes, in_flight, 0))  # fmt: skip
+    parts = _memory_parts(np.array(rows, dtype=object))
+    return rows[int(np.argmax(sum(parts.values())))]
 
 
 def _memory_parts(inputs: np.ndarray) -> dict[str, np.ndarray]:
@@ -153,11 +189,14 @@ def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
     """
     counts: dict[tuple[object, ...], Any] = {}
 
-    def params(model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None) -> tuple[int, int]:
+    def params(
+        model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
+    ) -> tuple[int, int]:
         tune = finetune or p.finetune
-        key = ("params", id(model), p.tp, p.pp, p.ep, tune, p.lora_rank if tune is Finetune.LORA else 0)
+        key = ("params", id(model), p.tp, p.pp, p.ep, tune, p.lora_rank if tune is Finetune.LORA else 0, rank,
+               layers_per_rank(model, p))  # fmt: skip
         if key not in counts:
-            counts[key] = trainable_params_per_rank(model, p, finetune=finetune)
+            counts[key] = trainable_params_per_rank(model, p, finetune=finetune, rank=rank)
         return counts[key]
 
     def layer_bytes(model: ModelSpec, p: ParallelConfig, *, moe: bool = False) -> float:

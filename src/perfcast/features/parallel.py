@@ -318,8 +318,7 @@ def _split(
         return PipelineSplit((num_layers // n_virtual,) * n_virtual, pp, vpp)
     if n_virtual > num_layers:
         raise SpecError(
-            f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs "
-            "a layer"
+            f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs a layer"
         )
     emb_name, loss_name = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
     for emb, loss, names in ((True, True, (emb_name, loss_name)), (False, True, (loss_name,))):

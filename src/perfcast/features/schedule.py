@@ -44,6 +44,12 @@ Rules (DESIGN.md decision 4), stated once here:
   ``m * max(T_s) + (sum(T_s) - max(T_s)) / v``, with ``v`` virtual stages per rank
   (interleaved schedule, ``v = 1`` plain 1F1B): the fill-and-drain bubble of
   Narayanan et al. 2021, ``(p - 1) / v`` stage-times for equal stages.
+* Uneven pipelines (``graph.stage_layers``, see
+  :func:`~perfcast.features.parallel.pipeline_split`): ``T_s`` of rank ``s`` counts its
+  own dense and MoE layers (its chunks together), so the slowest rank times the steady
+  state. The exposed communication, the host stall and the last backward (for
+  ``overlap_grad_reduce``) are the slowest rank's; with equal ranks they are those of the
+  busier end stage.
 * After the pipeline flush the data-parallel gradient sync is exposed (Megatron-DeepSpeed
   default); with ``overlap_grad_reduce`` it hides behind the last microbatch's backward.
   Then the optimizer step runs.
@@ -120,6 +126,9 @@ class _Plan:
 
     def __init__(self, graph: WorkloadGraph, overlap_grad_reduce: bool) -> None:
         self.graph = graph
+        self.uneven = BodyPlan([BodyTemplate.from_graph(graph)], overlap_grad_reduce=overlap_grad_reduce) if (
+            graph.stage_layers is not None
+        ) else None  # fmt: skip
         self.overlap = graph.column("overlap_with").astype(int)
         self.repeat = graph.column("repeat").astype(float)
         scope = graph.column("scope")
@@ -149,6 +158,22 @@ class _Plan:
 
         def total(mask: np.ndarray, values: np.ndarray = weighted) -> float:
             return float(values[mask].sum())
+
+        if self.uneven is not None:  # ranks of their own layers: the vectorised rule, one body
+            n = len(self.uneven.seg)
+            stages = self.uneven.stages(np.asarray(op_ms, dtype=float)[:n], host_ms_per_kernel)
+            parts = self.uneven.finish(stages, np.zeros(1, dtype=np.int64), np.array([graph.num_microbatches]),
+                                       np.array([total(self.dp_sync)]), np.array([total(self.optimizer)]))  # fmt: skip
+            comm = {k[len("comm_") : -len("_ms")]: float(v[0]) for k, v in parts.items() if k.startswith("comm_")}
+            return StepBreakdown(
+                step_ms=float(parts["step_ms"][0]),
+                compute_ms=float(parts["compute_ms"][0]),
+                bubble_ms=float(parts["bubble_ms"][0]),
+                dp_sync_ms=float(parts["dp_sync_ms"][0]),
+                optimizer_ms=float(parts["optimizer_ms"][0]),
+                comm_ms={group: ms for group, ms in comm.items() if not np.isnan(ms)},
+                host_stall_ms=graph.num_microbatches * float(stages["stall_ms"][0]),
+            )
 
         body, first, last, pp_xfer, overlap_p2p = self.body, self.first, self.last, self.pp_xfer, self.overlap_p2p
         stage_body, stage_first, stage_last = total(self.on_stage), total(first), total(last)
@@ -290,6 +315,15 @@ class BodyPlan:
         self.comm_body, self.comm_first, self.comm_last = comm & self.on_stage, comm & self.first, comm & self.last
         self.not_forward = cat("not_forward").astype(bool)
         self.overlap_grad_reduce = overlap_grad_reduce
+        # uneven bodies: one row per pipeline rank (body, dense layers, MoE layers, first, last)
+        uneven = [(i, t.stage_layers) for i, t in enumerate(bodies) if t.stage_layers is not None]
+        self.rank_body = np.array([i for i, ranks in uneven for _ in ranks], dtype=np.int64)
+        counts = np.array([layers for _, ranks in uneven for layers in ranks], dtype=float).reshape(-1, 2)
+        self.rank_dense, self.rank_moe = counts[:, 0], counts[:, 1]
+        rank = np.concatenate([np.arange(len(ranks)) for _, ranks in uneven]) if uneven else np.zeros(0, np.int64)
+        self.rank_first, self.rank_last = rank == 0, rank == self.pp[self.rank_body] - 1
+        if uneven:
+            self.layer, self.moe_layer = cat("layer").astype(bool), cat("moe_layer").astype(bool)
 
     def _sum(self, mask: np.ndarray, values: np.ndarray) -> np.ndarray:
         return np.bincount(self.seg[mask], values[mask], minlength=self.num_bodies)
@@ -330,6 +364,7 @@ class BodyPlan:
         is_first = first >= slowest_ms
         is_middle = ~is_first & has_middle & (middle >= slowest_ms)
         pp_exposed = np.where(is_first, exposed[0], np.where(is_middle, exposed[1], exposed[2]))
+        stall = slowest_ms - np.where(is_first, gpu[0], np.where(is_middle, gpu[1], gpu[2]))
         total = first + np.where(has_middle, (self.pp - 2) * middle, 0.0) + np.where(has_last, last, 0.0)
         fixed = (total - slowest_ms) / self.vpp + (self.pp - 1) * xfer / self.vpp
 
@@ -344,8 +379,55 @@ class BodyPlan:
         last_backward = self._sum(self.body & nf, weighted)
         last_backward += np.where(busiest_first, self._sum(self.first & nf, weighted), 0.0)
         last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
-        return {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
-                "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0}  # fmt: skip
+        out = {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
+               "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0,
+               "stall_ms": stall}  # fmt: skip
+        if len(self.rank_body):
+            self._uneven_stages(out, np.maximum(op_ms - hidden_by, 0.0) * self.repeat, xfer, host_ms_per_kernel)
+        return out
+
+    def _uneven_stages(
+        self, out: dict[str, np.ndarray], unit_ms: np.ndarray, xfer: np.ndarray, host_ms_per_kernel: float
+    ) -> None:
+        """Overwrite ``out`` (:meth:`stages`) for the bodies whose ranks hold layers of their own.
+
+        ``unit_ms`` is each node's exposed time times its repeat, once (no layer
+        multiplicity). Each body's sums per dense layer, per MoE layer, per stage and per
+        end stage are taken once; a rank's microbatch time is its layers times those sums
+        (see the module rules), and the slowest rank (the first of equals) gives the rest.
+        """
+        b = self.rank_body
+        ends = self.first | self.last
+        parts = (self.layer, self.moe_layer, self.body & ~self.layer & ~self.moe_layer, self.first, self.last)
+        weight = np.stack([self.rank_dense, self.rank_moe, np.ones(len(b)), self.rank_first, self.rank_last], axis=1)
+
+        def sums(on: np.ndarray, values: np.ndarray) -> np.ndarray:
+            """(bodies, parts): the sums of ``values`` over the nodes of ``on`` in each part."""
+            return np.stack([self._sum(part & on, values) for part in parts], axis=1)
+
+        gpu = (sums(self.on_stage | ends, unit_ms)[b] * weight).sum(axis=1)
+        exposed = np.maximum(xfer[b] - gpu, 0.0)  # interleaved p2p: only what outlasts the compute
+        gpu = gpu + exposed
+        kernels = (sums(self.body | ends, self.repeat)[b] * weight).sum(axis=1)
+        stage_ms = np.maximum(gpu, kernels * host_ms_per_kernel)
+        slowest = np.full(self.num_bodies, -np.inf)
+        np.maximum.at(slowest, b, stage_ms)
+        at_max = np.flatnonzero(stage_ms >= slowest[b])
+        s = at_max[np.unique(b[at_max], return_index=True)[1]]  # each body's first slowest rank
+        bodies, w = b[s], weight[s]
+        total = np.bincount(b, stage_ms, minlength=self.num_bodies)[bodies]
+        pp, vpp = self.pp[bodies], self.vpp[bodies]
+        out["slowest_ms"][bodies] = slowest[bodies]
+        out["fixed_ms"][bodies] = (total - slowest[bodies]) / vpp + (pp - 1) * xfer[bodies] / vpp
+        out["pp_exposed_ms"][bodies] = exposed[s]
+        out["stall_ms"][bodies] = stage_ms[s] - gpu[s]
+        out["last_backward_ms"][bodies] = (sums((self.body | ends) & self.not_forward, unit_ms)[bodies] * w).sum(1)
+        comm = self.comm_body | self.comm_first | self.comm_last
+        ones = np.ones(len(unit_ms))
+        comm_ms = sum(w[:, j, None] * self._group_sum(comm & part, unit_ms)[bodies] for j, part in enumerate(parts))
+        count = sum((w[:, j, None] > 0) * self._group_sum(comm & part, ones)[bodies] for j, part in enumerate(parts))
+        out["comm_ms"][bodies] = comm_ms
+        out["comm_present"][bodies] = count > 0
 
     def finish(
         self,
@@ -421,6 +503,8 @@ class BodyTemplate:
         columns: the nodes' ``NODE_COLUMNS`` (what timing them needs).
         layers: dense and MoE layers on the busiest stage.
         pp, vpp: the pipeline schedule's parameters.
+        stage_layers: ``(dense, moe)`` layers of each pipeline rank when ranks differ
+            (``WorkloadGraph.stage_layers``); ``None`` when every rank holds ``layers``.
 
     Attributes:
         arrays: per-node masks and multiplicities derived from the node columns.
@@ -430,8 +514,17 @@ class BodyTemplate:
             are its base's: time ``base.columns`` and gather ``source``.
     """
 
-    def __init__(self, columns: dict[str, np.ndarray], *, layers: tuple[int, int], pp: int, vpp: int) -> None:
+    def __init__(
+        self,
+        columns: dict[str, np.ndarray],
+        *,
+        layers: tuple[int, int],
+        pp: int,
+        vpp: int,
+        stage_layers: tuple[tuple[int, int], ...] | None = None,
+    ) -> None:
         self.columns, self.layers, self.pp, self.vpp = columns, layers, pp, vpp
+        self.stage_layers = stage_layers
         scope, groups = columns["scope"], columns["group"]
         self.num_nodes = len(scope)
         self.base, self.source = self, np.arange(self.num_nodes)
@@ -439,6 +532,8 @@ class BodyTemplate:
         layer, moe = scope == Scope.LAYER, scope == Scope.MOE_LAYER
         self.arrays = {
             "mult": np.where(layer, float(layers[0]), np.where(moe, float(layers[1]), 1.0)),
+            "layer": layer,
+            "moe_layer": moe,
             "body": layer | moe | (scope == Scope.STAGE),
             "first": scope == Scope.FIRST_STAGE,
             "last": scope == Scope.LAST_STAGE,
@@ -456,11 +551,13 @@ class BodyTemplate:
         n = int((graph.column("scope") != Scope.STEP).sum())
         columns = {name: graph.column(name)[:n].copy() for name in NODE_COLUMNS}
         layers = (graph.dense_layers_per_stage, graph.moe_layers_per_stage)
-        return cls(columns, layers=layers, pp=graph.pp, vpp=graph.vpp)
+        return cls(columns, layers=layers, pp=graph.pp, vpp=graph.vpp, stage_layers=graph.stage_layers)
 
     def variant(self, vpp: int, recompute: Recompute) -> BodyTemplate:
         """The body of the same config with ``vpp`` and ``recompute``; this template must hold
-        its nodes and recompute none (see :func:`~perfcast.features.workload.body_variant`)."""
+        its nodes and recompute none (see :func:`~perfcast.features.workload.body_variant`).
+        The layers per stage stay this template's: an uneven split, which depends on ``vpp``,
+        needs a base body of its own ``vpp``."""
         if recompute not in self._replayed:
             self._replayed[recompute] = replayed_nodes(self.columns, recompute)
         source, changed = body_variant(self.columns, vpp, self._replayed[recompute])

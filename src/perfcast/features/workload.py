@@ -769,9 +769,7 @@ def trainable_params_per_rank(
             model.head_size * model.num_heads + model.hidden_size
         )
         return per_layer * (dense_layers + moe_layers) // p.tp, 0
-    dense = dense_layers * (
-        model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer
-    )
+    dense = dense_layers * (model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer)
     moe_shared = moe_layers * (model.attention_params_per_layer + model.norm_params_per_layer)
     experts = moe_layers * model.moe_params_per_layer
     vocab_rows = padded_vocab_size(model, p.tp) * model.hidden_size

@@ -79,6 +79,7 @@ from perfcast.features.workload import (
     body_structure_key,
     build_step_ops,
     build_workload_graph,
+    layers_per_rank,
     step_ops_key,
 )
 
@@ -441,9 +442,10 @@ class _Batch:
 
 
 def _body_template(config: RunConfig) -> BodyTemplate:
-    """The body of ``config``, from the remembered body without recomputation."""
+    """The body of ``config``, from the remembered body without recomputation (of the same
+    layers per pipeline rank: an uneven split can change with ``vpp``)."""
     p = config.parallel
-    key = (config.model, body_structure_key(p, config.cluster.gpus_per_node))
+    key = (config.model, body_structure_key(p, config.cluster.gpus_per_node), layers_per_rank(config.model, p))
     return _BASE_BODIES.get(key, _base_body, config).variant(p.vpp, p.recompute)
 
 

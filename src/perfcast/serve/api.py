@@ -144,6 +144,14 @@ class RunRow(BaseModel):
     )
     flash_attention: bool | None = None
     overlap_grad_reduce: bool | None = Field(None, description="Data-parallel sync overlapped with the last backward")
+    account_for_embedding_in_pipeline_split: bool | None = Field(
+        None, description="The embedding counts as a layer of the first pipeline stage (Megatron-Core)"
+    )
+    account_for_loss_in_pipeline_split: bool | None = Field(
+        None, description="The loss counts as a layer of the last pipeline stage (Megatron-Core)"
+    )
+    first_stage_layers: int | None = _size("first_stage_layers", "Layers of the first pipeline stage")
+    last_stage_layers: int | None = _size("last_stage_layers", "Layers of the last pipeline stage")
     gpu: str = Field(..., max_length=200, description="Catalog id or device name")
     num_gpus: int | None = _size("num_gpus")
     gpus_per_node: int | None = _size("gpus_per_node")
