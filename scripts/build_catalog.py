@@ -295,6 +295,20 @@ NVLINK_BRIDGE_BW_GBPS: dict[str, float] = {
     "h100-pcie-80gb": 600.0,
 }
 
+# Derived: GPUs of one NVLink domain (HardwareSpec.nvlink_domain_gpus) where it is larger
+# than the node: the CSV states the rack-scale domain in intra_node_link ("NVLink 5 via
+# NVLink Switch trays (NVL72 domain)" for GB200 and GB300, whose compute tray holds 4 GPUs),
+# and fabrics.csv gives the same domain as nvl72-gb200/nvl72-gb300 domain_size_gpus = 72.
+# Other parts: the node is the domain (null).
+NVLINK_DOMAIN_PATTERN = re.compile(r"\bNVL(\d+) domain\b")
+
+
+def nvlink_domain_gpus(row: dict[str, str]) -> int | None:
+    """GPUs of the part's NVLink domain when its intra_node_link names a rack domain (NVL72)."""
+    found = NVLINK_DOMAIN_PATTERN.search(row.get("intra_node_link", ""))
+    return int(found.group(1)) if found else None
+
+
 # Curated: fabric confidence, only where the CSV notes or its README state it
 # (ib-ndr-400-gb200-nvl72: "LOW CONFIDENCE" in its notes; nvl72-gb300: verda.com, the
 # README's weakest source). Other rows: not stated (null).
@@ -380,6 +394,7 @@ def accelerator_entry(row: dict[str, str]) -> dict[str, Any]:
     entry["notes"] = notes
     entry["default_fabric"] = DEFAULT_FABRIC[hw_id]
     entry["nvlink_bridge_bw_gbps"] = NVLINK_BRIDGE_BW_GBPS.get(hw_id)
+    entry["nvlink_domain_gpus"] = nvlink_domain_gpus(row)
     entry["aliases"] = list(ALIASES.get(hw_id, ())) + list(CLOUD_INSTANCE_TYPES.get(hw_id, ()))
     return entry
 

@@ -60,7 +60,7 @@ def test_values_describe_the_config(runs):
     configs, composed = runs
     feats = featurize_runs(configs, composed)
     assert feats["tp"].tolist() == [1, 2, 8, 2]
-    assert feats["tp_spans_nodes"].tolist() == [0, 0, 0, 0]
+    assert feats["tp_spans_domains"].tolist() == [0, 0, 0, 0]
     assert feats["lora"].tolist() == [0, 0, 0, 1]
     assert feats["dtype_bytes"].tolist() == [2, 2, 2, 1]
     assert feats.loc[1, "sequence_parallel"] == 1 and feats.loc[1, "vpp"] == 2
@@ -104,8 +104,8 @@ def _reference_row(c) -> dict[str, float]:
         "is_moe": float(m.is_moe), "gated_mlp": float(m.gated_mlp), "peak_tflops": cl.gpu.peak_tflops(p.dtype),
         "mem_bw_gbps": cl.gpu.mem_bw_gbps, "sm_count": cl.gpu.sm_count, "l2_cache_mib": cl.gpu.l2_cache_mib,
         "intra_node_bw_gbps": cl.intra_node_bw_gbps, "inter_node_bw_gbps": cl.inter_node_bw_gbps,
-        "gpus_per_node": cl.gpus_per_node, "log2_num_gpus": np.log2(cl.num_gpus), "num_nodes": cl.num_nodes,
-        "tp_spans_nodes": float(p.tp > cl.gpus_per_node), "log2_tokens_per_microbatch": np.log2(tokens),
+        "nvlink_domain": cl.nvlink_domain, "log2_num_gpus": np.log2(cl.num_gpus), "num_domains": cl.num_domains,
+        "tp_spans_domains": float(p.tp > cl.nvlink_domain), "log2_tokens_per_microbatch": np.log2(tokens),
         "log2_hidden_per_tp": np.log2(m.hidden_size / p.tp), "log2_ffn_per_tp": np.log2(m.ffn_size / p.tp),
         "log2_layer_gflops_per_microbatch": np.log2(2.0 * tokens * m.num_params_per_layer(moe=False) / p.tp / 1e9),
     }  # fmt: skip

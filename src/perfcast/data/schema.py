@@ -207,8 +207,8 @@ RUN_RECORD_REQUIRED = (
 
 RUN_INT_COLUMNS = (
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
-    "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "zero_stage",
-    "lora_rank", "num_gpus", "gpus_per_node", "first_stage_layers", "last_stage_layers",
+    "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "vpp", "zero_stage",
+    "lora_rank", "num_gpus", "gpus_per_node", "nvlink_domain", "first_stage_layers", "last_stage_layers",
 )  # fmt: skip
 RUN_BOOL_COLUMNS = (
     "sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce",
@@ -230,6 +230,14 @@ FIELD_MAX: dict[str, int] = {
     "ffn_hidden_size": 2**22,
     "moe_ffn_hidden_size": 2**22,
     "moe_layer_freq": 10_000,
+    "num_shared_experts": 2**10,
+    "shared_expert_ffn_hidden_size": 2**22,
+    "first_dense_layers": 10_000,
+    "mtp_layers": 64,
+    "sliding_window": 2**24,
+    "sliding_window_layers": 10_000,
+    "q_lora_rank": 2**20,
+    "kv_lora_rank": 2**20,
     "vocab_size": 2**24,
     "seq_len": 2**24,
     "max_position_embeddings": 2**24,
@@ -241,6 +249,7 @@ FIELD_MAX: dict[str, int] = {
     "dp": 2**22,
     "cp": 2**20,
     "ep": 2**20,
+    "etp": 2**20,
     "micro_batch": 2**20,
     "global_batch": 2**26,
     "vpp": 2**10,
@@ -250,6 +259,7 @@ FIELD_MAX: dict[str, int] = {
     "lora_rank": 2**16,
     "num_gpus": 2**22,
     "gpus_per_node": 2**10,
+    "nvlink_domain": 2**12,
     # op table: shapes (elements), collective payload (bytes) and ranks
     "batch": 2**24,
     "m": 2**26,

@@ -111,11 +111,13 @@ PIPELINE_SPLIT_COLUMNS: tuple[str, ...] = (
 """Optional run-table inputs setting how layers split over pipeline stages (Megatron-Core's switches)."""
 
 RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
-    "num_experts", "top_k", "gated_mlp", "model", "inter_node", "fp8_recipe", *PIPELINE_SPLIT_COLUMNS
+    "num_experts", "top_k", "etp", "gated_mlp", "model", "nvlink_domain", "inter_node", "fp8_recipe",
+    *PIPELINE_SPLIT_COLUMNS,
 )  # fmt: skip
-"""Optional run-table inputs (MoE and gating, a model preset/config instead of the shape, fabric,
-the scaling recipe of fp8 runs: tensorwise | delayed | blockwise | mxfp8, the uneven-pipeline
-switches)."""
+"""Optional run-table inputs (MoE, expert tensor parallelism ``etp`` (default 1) and gating, a
+model preset/config instead of the shape, the GPUs of one NVLink domain (72 on NVL72 racks;
+default from the catalog), fabric, the scaling recipe of fp8 runs: tensorwise | delayed |
+blockwise | mxfp8, the uneven-pipeline switches)."""
 
 RUN_MEASURED_COLUMN = "measured_step_ms"
 """Optional measured training-step time of the run table, ms."""

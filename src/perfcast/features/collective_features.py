@@ -4,8 +4,9 @@
 allgather | reducescatter | alltoall | sendrecv, ``bytes``, ``n_ranks``,
 ``ranks_per_node``, ``dtype``, ``gpu``, optional ``inter_node`` fabric id) into the
 columns of :data:`COLLECTIVE_FEATURES`. Each distinct (gpu, n_ranks, ranks_per_node,
-inter_node) gets its catalog cluster from :meth:`ClusterSpec.build` (``ranks_per_node``
-missing -> the GPU's default node size capped at ``n_ranks``), and the analytic time comes
+inter_node) gets its catalog cluster from :func:`~perfcast.features.hardware.collective_cluster`
+(``ranks_per_node``: ranks in one NVLink domain; missing -> the GPU's catalog domain capped
+at ``n_ranks``), and the analytic time comes
 from :func:`perfcast.features.collectives.collective_time_s`, the one place the alpha-beta
 formulas live.
 
@@ -38,7 +39,7 @@ import pandas as pd
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError
 from perfcast.features.collectives import collective_time_s
-from perfcast.features.hardware import NVLINK_BRIDGE_GPUS, ClusterSpec, HardwareSpec
+from perfcast.features.hardware import NVLINK_BRIDGE_GPUS, HardwareSpec, collective_cluster
 from perfcast.features.ops import flag_column
 
 __all__ = [
@@ -230,13 +231,13 @@ def featurize_collectives(ops: pd.DataFrame) -> pd.DataFrame:
         try:
             hw = hw_cache.get(g) or HardwareSpec.from_name(g)
             hw_cache[g] = hw
-            cluster = ClusterSpec.build(hw, int(nr), None if r < 0 else int(r), fab, nvlink_bridged=bool(bridge))
+            cluster = collective_cluster(hw, int(nr), None if r < 0 else int(r), fab, bridged=bool(bridge))
         except SpecError as exc:
             raise SpecError(f"rows {_rows(ops.index, where)} (gpu={g!r}, n_ranks={nr}): {exc}") from None
         link = (hw.intra_node_link or "").lower()
         over_bridge = bool(bridge) and link.startswith("pcie") and cluster.gpus_per_node <= NVLINK_BRIDGE_GPUS
         per_key["gpu_id"].append(hw.id)
-        per_key["rpn"].append(cluster.gpus_per_node)
+        per_key["rpn"].append(cluster.nvlink_domain)
         per_key["intra_bw"].append(cluster.intra_node_bw_gbps)
         per_key["inter_bw"].append(cluster.inter_node_bw_gbps)
         per_key["intra_lat"].append(cluster.intra_node_latency_us)

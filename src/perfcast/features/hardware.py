@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError, UnknownEntryError
@@ -100,6 +100,8 @@ class HardwareSpec(BaseModel):
     see :attr:`intra_node_bw_uni_gbps`. ``nvlink_bridge_bw_gbps`` (bidirectional, per GPU)
     is the optional NVLink bridge of a PCIe card that joins :data:`NVLINK_BRIDGE_GPUS` GPUs,
     for clusters that have it (``ClusterSpec.build(..., nvlink_bridged=True)``).
+    ``nvlink_domain_gpus`` is the GPUs one NVLink domain joins where it spans several nodes
+    (72 on a GB200 NVL72 rack of 4-GPU trays); None means the node is the domain.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -129,6 +131,7 @@ class HardwareSpec(BaseModel):
     intra_node_link: str | None
     intra_node_bw_gbps: float | None
     nvlink_bridge_bw_gbps: float | None = None
+    nvlink_domain_gpus: int | None = None
     pcie_gen: int | None
     typical_gpus_per_node: int | None
     release_year: int | None
@@ -156,6 +159,7 @@ class HardwareSpec(BaseModel):
         "tdp_w",
         "intra_node_bw_gbps",
         "nvlink_bridge_bw_gbps",
+        "nvlink_domain_gpus",
         "pcie_gen",
         "typical_gpus_per_node",
         "release_year",
@@ -404,10 +408,14 @@ class FabricSpec(BaseModel):
 class ClusterSpec(BaseModel):
     """The GPUs a run uses and how they talk: per-GPU bandwidth and latency, ONE direction.
 
-    ``intra_node_bw_gbps`` is what one GPU sends to its node peers per direction
-    (NVLink 4: 450 GB/s), ``inter_node_bw_gbps`` what it sends to other nodes per
-    direction (one NDR 400 port: 50 GB/s). Latencies are the per-hop alpha terms, us.
-    Build one with :meth:`build`, which fills these from the catalog.
+    Three levels: a GPU; its NVLink domain of ``nvlink_domain`` GPUs (the node on HGX
+    servers, a 72-GPU rack of 4-GPU trays on GB200/GB300 NVL72), inside which
+    ``intra_node_bw_gbps`` is what one GPU sends to its domain peers per direction
+    (NVLink 4: 450 GB/s); and the scale-out fabric between domains, over which each GPU
+    sends ``inter_node_bw_gbps`` per direction (one NDR 400 port: 50 GB/s; its NICs sit
+    in the node of ``gpus_per_node`` GPUs). Collectives are timed over the levels their
+    ranks span. Latencies are the per-hop alpha terms, us. Build one with :meth:`build`,
+    which fills these from the catalog.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -420,8 +428,16 @@ class ClusterSpec(BaseModel):
     intra_node_latency_us: float
     inter_node_latency_us: float
     inter_node_fabric: str | None = None
+    nvlink_domain: int = Field(0, description="GPUs of one NVLink domain; 0 = the node (gpus_per_node)")
 
-    @field_validator("num_gpus", "gpus_per_node")
+    @model_validator(mode="before")
+    @classmethod
+    def _domain_defaults_to_the_node(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("nvlink_domain"):
+            data = {**data, "nvlink_domain": data.get("gpus_per_node")}
+        return data
+
+    @field_validator("num_gpus", "gpus_per_node", "nvlink_domain")
     @classmethod
     def _check_count(cls, value: int, info: Any) -> int:
         if value < 1:
@@ -439,7 +455,19 @@ class ClusterSpec(BaseModel):
     def _check_nodes(self) -> ClusterSpec:
         if self.num_gpus > self.gpus_per_node and self.num_gpus % self.gpus_per_node:
             raise ValueError(f"num_gpus={self.num_gpus} is not a multiple of gpus_per_node={self.gpus_per_node}")
+        if self.nvlink_domain < self.gpus_per_node or (
+            self.nvlink_domain < self.num_gpus and self.nvlink_domain % self.gpus_per_node
+        ):
+            raise ValueError(
+                f"nvlink_domain={self.nvlink_domain} must be a multiple of gpus_per_node={self.gpus_per_node} "
+                "(an NVLink domain joins whole nodes)"
+            )
         return self
+
+    @property
+    def num_domains(self) -> int:
+        """NVLink domains the run occupies (1 when all GPUs share one)."""
+        return max(1, -(-self.num_gpus // self.nvlink_domain))
 
     @property
     def num_nodes(self) -> int:
@@ -455,6 +483,7 @@ class ClusterSpec(BaseModel):
         inter_node: str | None = None,
         *,
         nvlink_bridged: bool = False,
+        nvlink_domain: int | None = None,
     ) -> ClusterSpec:
         """Cluster of ``num_gpus`` x ``gpu`` with figures from the catalog.
 
@@ -463,6 +492,9 @@ class ClusterSpec(BaseModel):
           ``DEFAULT_GPUS_PER_NODE`` (8, the common server for PCIe cards); the value used
           is capped at ``num_gpus`` (a 4-GPU run on an 8-GPU node uses 4 per node);
         - ``inter_node``: a fabric id, defaults to ``gpu.default_fabric``;
+        - ``nvlink_domain``: GPUs of one NVLink domain, defaults to
+          ``gpu.nvlink_domain_gpus`` (72 on NVL72 racks), else the node; capped at
+          ``num_gpus``;
         - ``nvlink_bridged``: the PCIe cards carry their optional NVLink bridges. When the
           GPUs of a node fit in one bridge (at most :data:`NVLINK_BRIDGE_GPUS`), the
           intra-node link is the bridge (``nvlink_bridge_bw_gbps``, NVLink latency);
@@ -482,7 +514,10 @@ class ClusterSpec(BaseModel):
         _check_count_arg("num_gpus", num_gpus)
         if gpus_per_node is not None:
             _check_count_arg("gpus_per_node", gpus_per_node)
+        if nvlink_domain is not None:
+            _check_count_arg("nvlink_domain", nvlink_domain)
         per_node = min(gpus_per_node or hw.typical_gpus_per_node or DEFAULT_GPUS_PER_NODE, num_gpus)
+        domain = min(nvlink_domain or max(hw.nvlink_domain_gpus or per_node, per_node), num_gpus)
         fabric = FabricSpec.from_name(inter_node or hw.default_fabric)
         if hw.intra_node_bw_uni_gbps is None:
             raise SpecError(
@@ -507,11 +542,32 @@ class ClusterSpec(BaseModel):
             "intra_node_latency_us": intra_latency,
             "inter_node_latency_us": fabric.latency_us,
             "inter_node_fabric": fabric.id,
+            "nvlink_domain": domain,
         }
         try:
             return cls.model_validate(fields)
         except ValidationError as exc:
             raise to_spec_error(exc, "cluster") from None
+
+
+def collective_cluster(
+    gpu: str | HardwareSpec,
+    n_ranks: int,
+    ranks_per_node: int | None,
+    inter_node: str | None,
+    *,
+    bridged: bool = False,
+) -> ClusterSpec:
+    """The cluster one collective op row describes: ``n_ranks`` GPUs, ``ranks_per_node`` of
+    them in each NVLink domain (the op table's meaning of the column), or the catalog's
+    node and domain when it is not given.
+
+    Raises:
+        SpecError: as :meth:`ClusterSpec.build`.
+    """
+    return ClusterSpec.build(
+        gpu, n_ranks, ranks_per_node, inter_node, nvlink_bridged=bridged, nvlink_domain=ranks_per_node
+    )
 
 
 def _check_count_arg(name: str, value: Any) -> None:

@@ -82,7 +82,7 @@ def enumerate_layouts(
         raise SpecError(f"global_batch={global_batch} must be >= 1")
     space = space or LayoutSpace()
     n = cluster.num_gpus
-    max_tp = space.max_tp or min(cluster.gpus_per_node, n)
+    max_tp = space.max_tp or min(cluster.nvlink_domain, n)
     max_pp = space.max_pp or model.num_layers
     for tp in _powers_of_two_dividing(n, max_tp):
         for pp in [p for p in range(1, min(max_pp, n // tp) + 1) if (n // tp) % p == 0]:

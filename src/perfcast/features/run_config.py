@@ -59,6 +59,7 @@ PARALLEL_FIELDS = (
     "flash_attention",
     "overlap_grad_reduce",
     "fp8_recipe",
+    "etp",
     *PIPELINE_SPLIT_COLUMNS,
 )
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
@@ -159,7 +160,8 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
 _ABSENT = object()
 """An empty cell."""
 _CELL_FIELDS = (
-    *MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "inter_node", DEFAULTED_COLUMN
+    *MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "inter_node",
+    DEFAULTED_COLUMN
 )  # fmt: skip
 _TEXT_FIELDS = frozenset(("model", "gpu", "inter_node", DEFAULTED_COLUMN))
 """Cells read as text (stripped), with no type of their own."""
@@ -238,11 +240,12 @@ class _RowParser:
 
         if "gpu" not in cells:
             raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
-        cluster_fields = _fields(cells, ("num_gpus", "gpus_per_node"))
+        cluster_fields = _fields(cells, ("num_gpus", "gpus_per_node", "nvlink_domain"))
         inter_node, gpu = cells.get("inter_node"), cells["gpu"]
         num_gpus, per_node = cluster_fields.get("num_gpus", parallel.world_size), cluster_fields.get("gpus_per_node")
-        key = ("cluster", gpu, num_gpus, per_node, inter_node)
-        cluster = self._memo(key, ClusterSpec.build, gpu, num_gpus, per_node, inter_node)
+        domain = cluster_fields.get("nvlink_domain")
+        key = ("cluster", gpu, num_gpus, per_node, inter_node, domain)
+        cluster = self._memo(key, _cluster, gpu, num_gpus, per_node, inter_node, domain)
         check_layout(model, parallel, cluster)
         # the GPU must run the dtype (no bf16 on a V100)
         self._memo(("peak", cluster.gpu.id, parallel.dtype), cluster.gpu.peak_tflops, parallel.dtype)
@@ -282,11 +285,13 @@ def defaulted_names(
         "lora_rank": p.finetune is Finetune.LORA and not cells.get("lora_rank"),
         "vpp": p.pp > 1,
         "sequence_parallel": p.tp > 1,
+        "etp": model is not None and model.is_moe and p.tp > 1,
         "zero_stage": p.dp * p.cp > 1,
         "overlap_grad_reduce": p.dp * p.cp > 1,
         "num_gpus": True,
         "gpus_per_node": cluster.num_gpus > 1,
-        "inter_node": cluster.num_gpus > cluster.gpus_per_node,
+        "nvlink_domain": cluster.num_gpus > cluster.gpus_per_node,
+        "inter_node": cluster.num_gpus > cluster.nvlink_domain,
     }
     names = [name for name, matters in relevant.items() if matters and (name not in cells or name == "lora_rank")]
     if model is not None and p.pp > 1:
@@ -306,6 +311,10 @@ def _fold_mxfp8_recipe(fields: dict[str, Any]) -> None:
             fields["dtype"] = DType.MXFP8.value
     except SpecError:
         return  # ParallelConfig names the bad dtype
+
+
+def _cluster(gpu: str, num_gpus: int, per_node: int | None, inter_node: str | None, domain: int | None) -> ClusterSpec:
+    return ClusterSpec.build(gpu, num_gpus, per_node, inter_node, nvlink_domain=domain)
 
 
 def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

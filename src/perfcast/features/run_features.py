@@ -37,7 +37,7 @@ __all__ = [
     "software_release",
 ]
 
-RUN_FEATURE_SPEC_VERSION = 3  # 2: missing SM count / L2 imputed, not NaN; 3: software_release
+RUN_FEATURE_SPEC_VERSION = 4  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -79,10 +79,10 @@ _CLUSTER = (
     "l2_cache_mib",
     "intra_node_bw_gbps",
     "inter_node_bw_gbps",
-    "gpus_per_node",
+    "nvlink_domain",
     "log2_num_gpus",
-    "num_nodes",
-    "tp_spans_nodes",
+    "num_domains",
+    "tp_spans_domains",
 )
 _GEMM = ("log2_tokens_per_microbatch", "log2_hidden_per_tp", "log2_ffn_per_tp", "log2_layer_gflops_per_microbatch")
 _COMPOSED = (
@@ -141,9 +141,9 @@ def _cluster_columns(cl: ClusterSpec, dtype: DType) -> dict[str, float]:
         "l2_cache_mib": figures["l2_cache_mib"],
         "intra_node_bw_gbps": cl.intra_node_bw_gbps,
         "inter_node_bw_gbps": cl.inter_node_bw_gbps,
-        "gpus_per_node": cl.gpus_per_node,
+        "nvlink_domain": cl.nvlink_domain,
         "log2_num_gpus": np.log2(cl.num_gpus),
-        "num_nodes": cl.num_nodes,
+        "num_domains": cl.num_domains,
     }
 
 
@@ -179,7 +179,7 @@ def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
     feats["log2_num_microbatches"] = np.log2(lay["num_microbatches"].to_numpy())
     feats["log2_global_batch"] = np.log2(lay["global_batch"].to_numpy())
     feats["layers_per_stage"] = model["num_layers"].to_numpy() / lay["pp"].to_numpy()
-    feats["tp_spans_nodes"] = (tp > cluster["gpus_per_node"].to_numpy()).astype(float)
+    feats["tp_spans_domains"] = (tp > cluster["nvlink_domain"].to_numpy()).astype(float)
     feats["log2_tokens_per_microbatch"] = np.log2(tokens)
     feats["log2_hidden_per_tp"] = np.log2(model["hidden"].to_numpy() / tp)
     feats["log2_ffn_per_tp"] = np.log2(model["ffn"].to_numpy() / tp)

@@ -10,8 +10,10 @@ expanded: every op is still one row with its shapes, FLOPs, bytes and dependenci
 
 Layout conventions follow Megatron-LM:
 
-* Rank order is tp, cp, dp, pp (tp fastest), so a group with rank stride ``s`` and size
-  ``n`` has ``min(n, gpus_per_node // s)`` ranks inside one node.
+* Rank order is tp, cp, dp, pp (tp fastest; expert ranks fold over cp and dp), so a
+  group with rank stride ``s`` and size ``n`` has ``min(n, D // s)`` ranks inside one
+  NVLink domain of ``D`` GPUs (the node on HGX servers, the rack on NVL72:
+  :attr:`ClusterSpec.nvlink_domain`); a collective's ``ranks_per_node`` counts those.
 * Tensor parallelism splits heads and FFN columns; each layer does one collective after
   attention and one after the MLP in forward, and their conjugates in backward:
   all-reduce, or with sequence parallelism an all-gather before and a reduce-scatter
@@ -199,10 +201,47 @@ class WorkloadGraph:
 
 
 def group_ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
-    """Ranks of a process group (rank stride ``stride``, ``size`` ranks) inside one node."""
+    """Ranks of a process group (rank stride ``stride``, ``size`` ranks) inside one NVLink
+    domain of ``gpus_per_node`` GPUs: the most that fit, rounded down to a divisor of
+    ``size`` so every domain holds the same share (a 32-rank group over 72-GPU racks at
+    stride 4 keeps 16 per rack, as a launcher placing whole groups would)."""
     if size <= 1:
         return 1
-    return max(1, min(size, gpus_per_node // max(stride, 1)))
+    fit = max(1, min(size, gpus_per_node // max(stride, 1)))
+    return max(d for d in range(1, fit + 1) if size % d == 0)
+
+
+def group_placement(parallel: ParallelConfig, nvlink_domain: int) -> dict[str, tuple[int, int]]:
+    """Each process group's (ranks, ranks inside one NVLink domain) under Megatron's rank
+    order (tp innermost, then cp, dp with expert ranks folded over it, pp outermost).
+
+    ``pp`` and ``emb`` are point-to-point pairs (neighbouring stages; first and last
+    stage), inside one domain when the ranks between them fit in it.
+    """
+    p, d = parallel, nvlink_domain
+    dp_ranks = p.dp * p.cp
+    edp_ranks = max(1, dp_ranks // p.ep)
+    return {
+        Group.TP: (p.tp, group_ranks_per_node(1, p.tp, d)),
+        Group.CP: (p.cp, group_ranks_per_node(p.tp, p.cp, d)),
+        Group.EP: (p.ep, group_ranks_per_node(p.tp * p.cp, p.ep, d)),
+        Group.DP: (dp_ranks, group_ranks_per_node(p.tp, dp_ranks, d)),
+        Group.EXPERT_DP: (edp_ranks, group_ranks_per_node(p.tp * p.ep, edp_ranks, d)),
+        Group.PP: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp < d else 1),
+        Group.EMBEDDING: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp * (p.pp - 1) < d else 1),
+    }
+
+
+def fabric_level(n_ranks: int, ranks_in_domain: int, fabric: str | None) -> str:
+    """The links a collective of ``n_ranks`` crosses: ``nvlink`` inside one domain, the
+    scale-out ``fabric`` id when each domain holds one rank, both joined by ``+`` otherwise;
+    "" for a group of one rank (no communication)."""
+    if n_ranks <= 1:
+        return ""
+    if ranks_in_domain >= n_ranks:
+        return "nvlink"
+    outside = fabric or "scale-out"
+    return outside if ranks_in_domain <= 1 else f"nvlink+{outside}"
 
 
 class _Builder:
@@ -311,7 +350,7 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
         SpecError: the layout does not fit the model or cluster (see ``check_layout``).
     """
     check_layout(model, parallel, cluster)
-    p, g = parallel, cluster.gpus_per_node
+    p, g = parallel, cluster.nvlink_domain
     sp = p.sequence_parallel and p.tp > 1
     tokens = p.micro_batch * model.seq_len // p.cp
     ctx = _Ctx(
@@ -321,7 +360,7 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
         act_bytes=max(p.dtype.bytes_per_element, 2),
         tp=p.tp,
         sp=sp,
-        tp_rpn=group_ranks_per_node(1, p.tp, g),
+        tp_rpn=group_placement(p, g)[Group.TP][1],
     )
     b = _Builder(p.dtype)
 
@@ -397,7 +436,7 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     """
     p = parallel
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
-    same_node = p.pp > 1 and p.tp * p.cp * p.dp < gpus_per_node
+    same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
     return (p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
             p.flash_attention, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p))  # fmt: skip
 
@@ -527,7 +566,7 @@ def _add_layer_forward(
             group=Group.DP,
             bytes=layer_params // tp * _grad_bytes(p),
             n_ranks=p.dp * p.cp,
-            ranks_per_node=group_ranks_per_node(tp, p.dp * p.cp, gpus_per_node),
+            ranks_per_node=group_placement(p, gpus_per_node)[Group.DP][1],
         )
     qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
     if p.finetune is Finetune.LORA:
@@ -545,7 +584,7 @@ def _add_layer_forward(
             overlap_with=attn_id,
             bytes=kv_bytes * p.cp,
             n_ranks=p.cp,
-            ranks_per_node=group_ranks_per_node(tp, p.cp, gpus_per_node),
+            ranks_per_node=group_placement(p, gpus_per_node)[Group.CP][1],
         )
         b.edges.append((qkv, len(b.rows) - 1))
         b.edges.append((len(b.rows) - 1, attn_id))
@@ -611,7 +650,7 @@ def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gp
     routed = t * model.top_k  # token copies this rank processes after dispatch (balanced routing)
     per_expert = -(-routed // local)
     f = model.expert_ffn_size // p.tp
-    ep_rpn = group_ranks_per_node(p.tp * p.cp, p.ep, gpus_per_node)
+    ep_rpn = group_placement(p, gpus_per_node)[Group.EP][1]
 
     def alltoall(name: str) -> None:
         """Token exchange with the other expert-parallel ranks (dispatch or combine)."""
@@ -646,7 +685,7 @@ def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ct
 def _add_pipeline_transfer(b: _Builder, p: ParallelConfig, ctx: _Ctx, gpus_per_node: int, phase: str) -> None:
     if p.pp == 1:
         return
-    same_node = p.tp * p.cp * p.dp < gpus_per_node
+    same_node = group_placement(p, gpus_per_node)[Group.PP][1] == 2
     b.add(
         f"pp.{phase}_send",
         Scope.STAGE,
@@ -783,14 +822,15 @@ def trainable_params_per_rank(
 
 
 def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
-    g = cluster.gpus_per_node
+    g = cluster.nvlink_domain
     dense, expert = trainable_params_per_rank(model, p)
     gb = _grad_bytes(p)
     dp_ranks = p.dp * p.cp
     edp_ranks = dp_ranks // p.ep
-    groups = [(Group.DP, dense, dp_ranks, group_ranks_per_node(p.tp, dp_ranks, g))]
+    placement = group_placement(p, g)
+    groups = [(Group.DP, dense, dp_ranks, placement[Group.DP][1])]
     if expert:
-        groups.append((Group.EXPERT_DP, expert, edp_ranks, group_ranks_per_node(p.tp * p.ep, edp_ranks, g)))
+        groups.append((Group.EXPERT_DP, expert, edp_ranks, placement[Group.EXPERT_DP][1]))
     for group, params, ranks, rpn in groups:
         if ranks <= 1 or params == 0:
             continue
@@ -803,7 +843,7 @@ def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: Clu
             b.add(f"{group}.{name}", Scope.STEP, Phase.STEP, op, group=group, bytes=params * gb, n_ranks=ranks,
                   ranks_per_node=rpn)  # fmt: skip
     if model.tied_embeddings and p.pp > 1 and p.finetune.trains_all_weights:
-        rpn = 2 if p.tp * p.cp * p.dp * (p.pp - 1) < g else 1
+        rpn = placement[Group.EMBEDDING][1]
         b.add(
             "embedding.grad_sync",
             Scope.STEP,

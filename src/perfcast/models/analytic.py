@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.hardware import collective_cluster
 from perfcast.features.memory import MemoryBreakdown, peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
@@ -103,8 +103,8 @@ class AnalyticOpPredictor:
         )
         groups = keys.groupby(["gpu", "n", "rpn", "fabric", "bridged"]).indices.items()
         for (gpu, n, per_node, fab, bridged), positions in groups:
-            cluster = ClusterSpec.build(gpu, int(n), int(per_node) or None, fab or None, nvlink_bridged=bool(bridged))
-            rows = ops.iloc[positions].assign(ranks_per_node=cluster.gpus_per_node, n_ranks=int(n))
+            cluster = collective_cluster(gpu, int(n), int(per_node) or None, fab or None, bridged=bool(bridged))
+            rows = ops.iloc[positions].assign(ranks_per_node=cluster.nvlink_domain, n_ranks=int(n))
             out[positions] = op_time_ms(rows, cluster)
         nan = np.full(len(ops), np.nan)
         return out, nan, nan.copy()

@@ -418,7 +418,7 @@ class _Batch:
             if link is None:
                 link = link_of[id(cluster)] = _link_key(cluster)
                 self.clusters.setdefault(link, cluster)
-            gpn = cluster.gpus_per_node
+            gpn = cluster.nvlink_domain
             shape = shape_of.get((id(c.model), id(p), gpn))
             if shape is None:
                 model = model_of.get(id(c.model))
@@ -445,7 +445,7 @@ def _body_template(config: RunConfig) -> BodyTemplate:
     """The body of ``config``, from the remembered body without recomputation (of the same
     layers per pipeline rank: an uneven split can change with ``vpp``)."""
     p = config.parallel
-    key = (config.model, body_structure_key(p, config.cluster.gpus_per_node), layers_per_rank(config.model, p))
+    key = (config.model, body_structure_key(p, config.cluster.nvlink_domain), layers_per_rank(config.model, p))
     return _BASE_BODIES.get(key, _base_body, config).variant(p.vpp, p.recompute)
 
 

@@ -53,7 +53,7 @@ from perfcast.models.gnn_layers import FORWARD_EDGE, REVERSE_EDGE, DirectedGraph
 
 logger = logging.getLogger(__name__)
 
-GNN_FEATURES_VERSION = 1
+GNN_FEATURES_VERSION = 2  # 2: cluster sizes by NVLink domain
 """Bumped whenever the node or graph features change meaning or order."""
 
 OP_KINDS = tuple(o.value for o in OpType)
@@ -108,8 +108,8 @@ GRAPH_FEATURE_NAMES = (
     "log_intra_node_bw_gbps",
     "log_inter_node_bw_gbps",
     "log2_num_gpus",
-    "log2_gpus_per_node",
-    "log2_num_nodes",
+    "log2_nvlink_domain",
+    "log2_num_domains",
 )
 _TIME_FLOOR_MS = 1e-6
 LAUNCH_MS = 0.01
@@ -152,8 +152,8 @@ def basic_graph_features(config: RunConfig) -> np.ndarray:
             math.log(c.intra_node_bw_gbps),
             math.log(c.inter_node_bw_gbps),
             math.log2(c.num_gpus),
-            math.log2(c.gpus_per_node),
-            math.log2(c.num_nodes),
+            math.log2(c.nvlink_domain),
+            math.log2(c.num_domains),
         ],
         dtype=np.float64,
     )

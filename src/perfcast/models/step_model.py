@@ -102,7 +102,7 @@ __all__ = [
 ]
 
 BOOSTER_FILE = "step_gbdt.ubj"
-SCALE_FEATURES: tuple[str, ...] = ("dp", "log2_global_batch", "log2_num_gpus", "num_nodes", "log2_num_microbatches")
+SCALE_FEATURES: tuple[str, ...] = ("dp", "log2_global_batch", "log2_num_gpus", "num_domains", "log2_num_microbatches")
 """Run features that grow with the cluster; left out of the default feature set (see the module docstring)."""
 DEFAULT_FEATURES: tuple[str, ...] = tuple(c for c in RUN_FEATURE_SPEC.columns if c not in SCALE_FEATURES)
 """The columns a :class:`StepTimeRegressor` uses when ``features`` is ``None``."""

@@ -155,6 +155,7 @@ class RunRow(BaseModel):
     gpu: str = Field(..., max_length=200, description="Catalog id or device name")
     num_gpus: int | None = _size("num_gpus")
     gpus_per_node: int | None = _size("gpus_per_node")
+    nvlink_domain: int | None = _size("nvlink_domain", "GPUs of one NVLink domain (72 on NVL72 racks)")
     inter_node: str | None = Field(None, max_length=200)
 
 

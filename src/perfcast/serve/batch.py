@@ -20,13 +20,14 @@ from perfcast.data.schema import OP_BOOL_COLUMNS, OP_INT_COLUMNS, DType, check_w
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
-from perfcast.features.hardware import ClusterSpec, HardwareSpec, resolve_gpu_name
+from perfcast.features.hardware import HardwareSpec, collective_cluster, resolve_gpu_name
 from perfcast.features.memory import peak_memory_table
 from perfcast.features.model_source import ModelSource
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
 from perfcast.features.parallel import Finetune
 from perfcast.features.run_config import DEFAULTED_COLUMN, RunConfig, parse_run_table
 from perfcast.features.run_features import COMM_GROUPS
+from perfcast.features.workload import fabric_level, group_placement
 from perfcast.models import analytic
 from perfcast.models.correction_store import CALIBRATION_COLUMN
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
@@ -81,9 +82,13 @@ class StepPredictorLike(Protocol):
 
 MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
 """Per-GPU memory parts ``breakdown`` adds, GiB (they sum to ``peak_mem_gib``)."""
+LEVEL_COLUMNS = tuple(f"comm_{g}_level" for g in COMM_GROUPS)
+"""Per process group, the links its collectives cross (``nvlink``, a fabric id, or
+``nvlink+<fabric>``; empty for a group of one rank): :func:`~perfcast.features.workload.fabric_level`."""
 BREAKDOWN_COLUMNS = (
     "composed_step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms",
     *(f"comm_{g}_ms" for g in COMM_GROUPS),
+    *LEVEL_COLUMNS,
     *MEMORY_PART_COLUMNS,
 )  # fmt: skip
 """Columns ``breakdown`` adds to a run table, in order."""
@@ -263,6 +268,18 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     frame["tokens_per_s"] = tokens / step_s
     for name in MEMORY_PART_COLUMNS:
         frame[name] = memory[name].to_numpy()
+    levels: dict[tuple[int, int], list[str]] = {}
+    rows = []
+    for c in configs:
+        key = (id(c.parallel), id(c.cluster), c.model.is_moe)
+        if key not in levels:
+            placement = group_placement(c.parallel, c.cluster.nvlink_domain)
+            if not c.model.is_moe:  # no expert groups
+                placement = {g: v for g, v in placement.items() if g not in ("ep", "edp")}
+            fabric = c.cluster.inter_node_fabric
+            levels[key] = [fabric_level(*placement.get(g, (1, 1)), fabric) for g in COMM_GROUPS]
+        rows.append(levels[key])
+    frame[list(LEVEL_COLUMNS)] = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS), index=frame.index, dtype=object)
     return frame
 
 
@@ -300,7 +317,7 @@ def check_op_row(row: pd.Series) -> None:
     if op in COLLECTIVE_OPS:
         one = pd.DataFrame([row])
         fabric, bridged = inter_node_fabrics(one)[0] or None, bool(nvlink_bridged_flags(one)[0])
-        ClusterSpec.build(str(gpu), sizes["n_ranks"], sizes.get("ranks_per_node"), fabric, nvlink_bridged=bridged)
+        collective_cluster(str(gpu), sizes["n_ranks"], sizes.get("ranks_per_node"), fabric, bridged=bridged)
         return
     hw = HardwareSpec.from_name(str(gpu))
     # the catalog may lack the figure this op needs (bf16 on a V100, H100 NVL's empty peaks)
