@@ -61,10 +61,21 @@ _err = Console(stderr=True, soft_wrap=True)
 _out = Console(width=None if sys.stdout.isatty() else 160)
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from perfcast import __version__
+
+        typer.echo(f"perfcast {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def main(
     debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     """perfcast: predict training performance before you run it."""
     _state["debug"] = debug
