@@ -88,10 +88,10 @@ def test_missing_file(tmp_path: Path) -> None:
         read_table(tmp_path / "absent.csv")
 
 
-@pytest.mark.parametrize("name", ["t.json", "t.xlsx", "t", "t.gz"])
+@pytest.mark.parametrize("name", ["t.xlsx", "t", "t.gz", "t.yaml"])
 def test_bad_suffix(tmp_path: Path, table: pd.DataFrame, name: str) -> None:
     (tmp_path / name).write_text("x")
-    with pytest.raises(DatasetError, match=r"\.csv, \.csv\.gz, \.parquet, \.pq"):
+    with pytest.raises(DatasetError, match=r"\.csv, \.csv\.gz, \.parquet, \.pq, \.jsonl, \.ndjson, \.json"):
         read_table(tmp_path / name)
     with pytest.raises(DatasetError, match="must end with"):
         write_table(table, tmp_path / name)
@@ -112,3 +112,16 @@ def test_directory_is_not_a_table(tmp_path: Path) -> None:
     (tmp_path / "d.csv").mkdir()
     with pytest.raises(DatasetError, match="not a file"):
         read_table(tmp_path / "d.csv")
+
+
+@pytest.mark.parametrize("name", ["t.json", "t.jsonl"])
+def test_json_tables_round_trip_with_empty_cells_as_null(tmp_path: Path, name: str) -> None:
+    table = pd.DataFrame({"op": ["matmul", "gelu"], "m": [1024, None], "gpu": ["h100", None]})
+    write_table(table, tmp_path / name)
+    text = (tmp_path / name).read_text()
+    assert "null" in text and "NaN" not in text
+    back = read_table(tmp_path / name)
+    assert back["op"].tolist() == ["matmul", "gelu"] and pd.isna(back["m"].iloc[1]) and back["m"].iloc[0] == 1024
+    with pytest.raises(DatasetError, match="cannot parse"):
+        (tmp_path / name).write_text("{not json")
+        read_table(tmp_path / name)

@@ -64,6 +64,6 @@ def test_an_nvl72_rack_syncs_data_parallel_gradients_faster_than_trays_on_infini
     out = predict_steps_table(rows, predictor=StepPredictor.analytic(), breakdown=True)
     rack, trays = out.to_dict("records")
     assert rack["error"] == trays["error"] == ""
-    assert rack["comm_tp_level"] == "nvlink" and rack["comm_dp_level"] == "nvlink+ib-ndr-400-gb200-nvl72"
-    assert trays["comm_dp_level"] == "ib-ndr-400-gb200-nvl72"
+    assert rack["link_tp"] == "nvlink" and rack["link_dp"] == "nvlink+ib-ndr-400-gb200-nvl72"
+    assert trays["link_dp"] == "ib-ndr-400-gb200-nvl72"
     assert rack["dp_sync_ms"] < trays["dp_sync_ms"] / 3 and rack["step_ms"] < trays["step_ms"]

@@ -367,3 +367,41 @@ def test_an_int_beyond_float_range_is_a_row_error_not_a_crash():
     gemm = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb"}
     out = predict_ops_table(pd.DataFrame([gemm, {**gemm, "m": 10**400}]))
     assert out[ERROR_COLUMN].iloc[0] == "" and "m=" in out[ERROR_COLUMN].iloc[1]
+
+
+# ------------------------------------------------------------------ output formats
+
+
+def test_predictions_go_to_stdout_as_json_jsonl_or_csv(tmp_path):
+    for fmt in ("json", "jsonl", "csv"):
+        result = CliRunner().invoke(app, ["predict", "steps", "-o", "-", "--format", fmt, "--model", "analytic"])
+        assert result.exit_code == 0, result.output
+        text = result.stdout
+        if fmt == "json":
+            rows = json.loads(text)
+        elif fmt == "jsonl":
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            rows = pd.read_csv(__import__("io").StringIO(text)).to_dict("records")
+        assert len(rows) == 12 and rows[0]["step_ms"] > 0 and rows[-1]["error"]
+    refused = CliRunner().invoke(app, ["predict", "steps", "-o", "-", "--format", "parquet"])
+    assert refused.exit_code == 2 and "standard output" in refused.output
+    clash = CliRunner().invoke(app, ["predict", "steps", "-o", str(tmp_path / "x.csv"), "--format", "json"])
+    assert clash.exit_code == 2 and "contradicts" in clash.output
+
+
+def test_a_human_table_shows_plain_numbers_units_and_every_row():
+    result = CliRunner().invoke(app, ["predict", "steps", "-o", "-", "--format", "table", "--model", "analytic"])
+    assert result.exit_code == 0, result.output
+    assert "e+0" not in result.stdout and "e-0" not in result.stdout
+    assert " s " in result.stdout or " ms " in result.stdout
+    assert "mi300x" in result.stdout and "tp=3 does not" in result.stdout  # the last rows are shown too
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_json_tables_in_and_out(tmp_path, suffix):
+    src, dst = tmp_path / f"runs{suffix}", tmp_path / f"out{suffix}"
+    RUNS.head(3).to_json(src, orient="records", lines=suffix == ".jsonl")
+    result = CliRunner().invoke(app, ["predict", "steps", str(src), "-o", str(dst), "--model", "analytic"])
+    assert result.exit_code == 0, result.output
+    assert (read_table(dst)["step_ms"].notna()).sum() >= 1 and len(read_table(dst)) == 3

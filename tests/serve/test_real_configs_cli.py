@@ -27,8 +27,8 @@ def _predict(tmp_path, rows: list[dict], *options: str) -> pd.DataFrame:
 def test_a_gb200_nvl72_run_of_512_gpus_spans_racks_over_infiniband(tmp_path) -> None:
     rack, trays = _predict(tmp_path, [GB200_512, {**GB200_512, "nvlink_domain": 4}], "--breakdown").to_dict("records")
     assert rack[ERROR_COLUMN] == trays[ERROR_COLUMN] == ""
-    assert rack["comm_tp_level"] == "nvlink"  # tensor parallelism stays inside the rack's NVLink
-    assert rack["comm_dp_level"] == "nvlink+ib-ndr-400-gb200-nvl72"  # 16 data-parallel ranks per rack, 2 racks
+    assert rack["link_tp"] == "nvlink"  # tensor parallelism stays inside the rack's NVLink
+    assert rack["link_dp"] == "nvlink+ib-ndr-400-gb200-nvl72"  # 16 data-parallel ranks per rack, 2 racks
     assert "nvlink_domain" in rack["defaulted_fields"].split(",")
     assert rack["dp_sync_ms"] < trays["dp_sync_ms"] and rack["step_ms"] < trays["step_ms"]
 

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import TracebackType
@@ -22,11 +23,15 @@ from typing import Any
 import pandas as pd
 
 from perfcast.data.tables import (
+    STDOUT,
+    TEXT_FORMATS,
     check_output_path,
     read_errors,
+    read_table,
     sweep_stale_temps,
     table_format,
     table_suffix,
+    table_text,
     temp_path,
     terminate_as_exit,
 )
@@ -38,17 +43,20 @@ DEFAULT_CHUNK_ROWS = 50_000
 
 
 def count_rows(path: str | Path) -> int | None:
-    """Rows of a table without reading it (Parquet metadata, or CSV lines); None if unknown or unreadable."""
+    """Rows of a table without parsing it (Parquet metadata, CSV or JSON Lines lines); None
+    if unknown (gzip, JSON) or unreadable."""
     path = Path(path)
     try:
-        if table_format(path) == "parquet":
+        fmt = table_format(path)
+        if fmt == "parquet":
             import pyarrow.parquet as pq
 
             return int(pq.ParquetFile(path).metadata.num_rows)
-        if path.name.lower().endswith(".gz"):
+        if fmt == "json" or path.name.lower().endswith(".gz"):
             return None
+        header = 1 if fmt == "csv" else 0
         with path.open("rb") as handle:
-            return max(sum(1 for _ in handle) - 1, 0)
+            return max(sum(1 for line in handle if line.strip()) - header, 0)
     except (DatasetError, *read_errors()):
         return None
 
@@ -74,6 +82,11 @@ def iter_table_chunks(path: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS) ->
     try:
         if fmt == "csv":
             blocks: Iterator[pd.DataFrame] = pd.read_csv(path, chunksize=chunk_rows)
+        elif fmt == "jsonl":
+            blocks = pd.read_json(path, lines=True, chunksize=chunk_rows, dtype=False, convert_dates=False)
+        elif fmt == "json":  # one array: read whole
+            whole = read_table(path)
+            blocks = iter([whole.iloc[i : i + chunk_rows] for i in range(0, max(len(whole), 1), chunk_rows)])
         else:
             blocks = _parquet_blocks(path, chunk_rows)
         for block in blocks:
@@ -99,11 +112,34 @@ def _parquet_blocks(path: Path, chunk_rows: int) -> Iterator[pd.DataFrame]:
         yield table.schema_arrow.empty_table().to_pandas()
 
 
+def check_table_target(path: str | Path, fmt: str | None = None) -> str:
+    """The format a table written to ``path`` takes: standard output (``-``) in ``fmt``
+    (default CSV), a file by its suffix (``fmt``, when given, must agree).
+
+    Raises:
+        DatasetError: an unsupported suffix or format, Parquet to standard output, a
+            ``fmt`` that contradicts the suffix, or a path naming a folder.
+    """
+    if str(path) == STDOUT:
+        chosen = fmt or "csv"
+        if chosen not in TEXT_FORMATS:
+            raise DatasetError(f"format={chosen!r} cannot go to standard output; allowed: {', '.join(TEXT_FORMATS)}")
+        return chosen
+    target = Path(path)
+    by_suffix = table_format(target)
+    if fmt is not None and fmt != by_suffix:
+        raise DatasetError(f"format={fmt!r} contradicts the output {target.name!r} ({by_suffix}); drop one")
+    check_output_path(target)
+    return by_suffix
+
+
 class TableWriter:
-    """Append DataFrame chunks to a CSV (``.csv``, ``.csv.gz``) or Parquet file, atomically.
+    """Append DataFrame chunks to a CSV (``.csv``, ``.csv.gz``), JSON, JSON Lines or Parquet
+    file, atomically, or to standard output (path ``-``, a text ``fmt``).
 
     Use as a context manager: the target appears (or is replaced) when the block exits
     without an error; on an error, SIGINT or SIGTERM the temporary files are removed.
+    Standard output gets each chunk as it is written.
     Every chunk must have the first chunk's columns, in order. Parquet chunks may differ
     in column types: each chunk is kept as a temporary piece, and on exit the pieces are
     stacked under one schema that promotes types (int to float, null to anything); a
@@ -111,9 +147,10 @@ class TableWriter:
     written as text. Memory stays bounded by one chunk.
     """
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, fmt: str | None = None) -> None:
         self.path = Path(path)
-        self.format = table_format(self.path)
+        self.to_stdout = str(path) == STDOUT
+        self.format = check_table_target(path, fmt)
         self._tmp = temp_path(self.path, table_suffix(self.path))
         self._parts_dir = temp_path(self.path, ".parts")
         self._parts: list[Path] = []
@@ -125,6 +162,10 @@ class TableWriter:
         self.rows = 0
 
     def __enter__(self) -> TableWriter:
+        if self.to_stdout:
+            if self.format == "json":
+                sys.stdout.write("[")
+            return self
         check_output_path(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,10 +184,17 @@ class TableWriter:
             missing = sorted(set(self._columns) ^ set(chunk.columns))
             raise DatasetError(f"{self.path}: chunk columns differ from the first chunk's: {missing}")
         try:
-            if self.format == "csv":
+            if self.format == "parquet":
+                self._write_piece(chunk)
+            elif self.to_stdout:
+                sys.stdout.write(table_text(chunk, self.format, first=self.rows == 0))
+                sys.stdout.flush()
+            elif self.format == "csv":
                 chunk.to_csv(self._tmp, mode="a", header=self.rows == 0, index=False)
             else:
-                self._write_piece(chunk)
+                with self._tmp.open("a", encoding="utf-8") as handle:
+                    handle.write(("[" if self.rows == 0 and self.format == "json" else "")
+                                 + table_text(chunk, self.format, first=self.rows == 0))  # fmt: skip
         except OSError as exc:
             raise DatasetError(f"cannot write {self.path}: {exc}") from exc
         self.rows += len(chunk)
@@ -185,6 +233,12 @@ class TableWriter:
             return pa.large_string()
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self.to_stdout:
+            if self.rows == 0 and self.format == "csv" and self._columns:
+                sys.stdout.write(",".join(self._columns) + "\n")
+            sys.stdout.write("]\n" if self.format == "json" else "")
+            sys.stdout.flush()
+            return
         try:
             if kind is None:
                 self._finish()
@@ -199,6 +253,9 @@ class TableWriter:
         try:
             if self.format == "parquet":
                 self._stack_pieces()
+            elif self.format == "json":
+                with self._tmp.open("a", encoding="utf-8") as handle:
+                    handle.write("]\n" if self.rows else "[]\n")
             elif not self._tmp.exists():  # no chunk at all: an empty table
                 pd.DataFrame(columns=self._columns or []).to_csv(self._tmp, index=False)
             os.replace(self._tmp, self.path)

@@ -110,9 +110,18 @@ PIPELINE_SPLIT_COLUMNS: tuple[str, ...] = (
 )
 """Optional run-table inputs setting how layers split over pipeline stages (Megatron-Core's switches)."""
 
+SOFTWARE_SWITCH_COLUMNS: tuple[str, ...] = (
+    "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "cuda_graphs", "torch_compile",
+)  # fmt: skip
+"""Optional boolean run-table inputs saying what the training framework overlaps or fuses;
+unstated ones take the ``framework``'s shipped defaults (``docs/frameworks.md``)."""
+
+SOFTWARE_COLUMNS: tuple[str, ...] = ("framework", *SOFTWARE_SWITCH_COLUMNS)
+"""Optional run-table inputs naming the training framework and its switches."""
+
 RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
     "num_experts", "top_k", "etp", "gated_mlp", "model", "nvlink_domain", "inter_node", "fp8_recipe",
-    *PIPELINE_SPLIT_COLUMNS,
+    *PIPELINE_SPLIT_COLUMNS, *SOFTWARE_COLUMNS,
 )  # fmt: skip
 """Optional run-table inputs (MoE, expert tensor parallelism ``etp`` (default 1) and gating, a
 model preset/config instead of the shape, the GPUs of one NVLink domain (72 on NVL72 racks;
@@ -136,21 +145,47 @@ RUN_OUTPUT_COLUMNS: tuple[str, ...] = (
 ERROR_COLUMN = "error"
 """Column holding the reason a row is not a valid config (empty when valid)."""
 
-_CSV_SUFFIXES = (".csv", ".csv.gz")
-_PARQUET_SUFFIXES = (".parquet", ".pq")
-SUPPORTED_SUFFIXES: tuple[str, ...] = _CSV_SUFFIXES + _PARQUET_SUFFIXES
+_SUFFIXES = {
+    "csv": (".csv", ".csv.gz"),
+    "parquet": (".parquet", ".pq"),
+    "jsonl": (".jsonl", ".ndjson"),
+    "json": (".json",),
+}
+SUPPORTED_SUFFIXES: tuple[str, ...] = tuple(s for suffixes in _SUFFIXES.values() for s in suffixes)
 """File name endings :func:`read_table` and :func:`write_table` accept (case-insensitive)."""
+TEXT_FORMATS = ("csv", "json", "jsonl")
+"""Table formats that can be written to a stream (standard output): JSON is an array of row
+objects, JSON Lines one row object per line; empty cells are ``null``."""
+STDOUT = "-"
+"""The output name that means standard output."""
 
 
 def table_format(path: Path) -> str:
-    """Return ``"csv"`` or ``"parquet"`` from the file name, or raise DatasetError."""
+    """Return ``"csv"``, ``"parquet"``, ``"json"`` or ``"jsonl"`` from the file name, or raise DatasetError."""
     name = path.name.lower()
-    if name.endswith(_CSV_SUFFIXES):
-        return "csv"
-    if name.endswith(_PARQUET_SUFFIXES):
-        return "parquet"
+    for fmt, suffixes in _SUFFIXES.items():
+        if name.endswith(suffixes):
+            return fmt
     allowed = ", ".join(SUPPORTED_SUFFIXES)
     raise DatasetError(f"unsupported table file {str(path)!r}: the name must end with one of {allowed}")
+
+
+def table_text(df: pd.DataFrame, fmt: str, *, first: bool) -> str:
+    """Rows of ``df`` in a text format, to append after earlier chunks: CSV with its header
+    only when ``first``; JSON Lines; or JSON array elements (the caller writes the brackets,
+    this adds the separating comma when not ``first``)."""
+    if fmt == "csv":
+        return df.to_csv(index=False, header=first)
+    if df.empty:
+        return ""
+    text = df.to_json(orient="records", lines=True, date_format="iso", force_ascii=False)
+    if fmt == "jsonl":
+        return text if text.endswith("\n") else text + "\n"
+    return ("" if first else ",\n") + ",\n".join(text.rstrip("\n").split("\n"))
+
+
+def _read_json_table(path: Path, fmt: str) -> pd.DataFrame:
+    return pd.read_json(path, orient="records", lines=fmt == "jsonl", dtype=False, convert_dates=False)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:
@@ -173,7 +208,8 @@ def read_errors() -> tuple[type[BaseException], ...]:
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
-    """Read a CSV (``.csv``, ``.csv.gz``) or Parquet (``.parquet``, ``.pq``) table.
+    """Read a CSV (``.csv``, ``.csv.gz``), Parquet (``.parquet``, ``.pq``), JSON (an array of
+    row objects, ``.json``) or JSON Lines (``.jsonl``, ``.ndjson``) table.
 
     Args:
         path: the file; its name ending selects the format.
@@ -194,6 +230,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     try:
         if fmt == "csv":
             return pd.read_csv(path)
+        if fmt in ("json", "jsonl"):
+            return _read_json_table(path, fmt)
         return pd.read_parquet(path)
     except read_errors() as exc:
         raise DatasetError(f"cannot parse {fmt} table {path}: {_reason(exc)}") from exc
@@ -221,7 +259,7 @@ def check_output_path(path: Path) -> None:
 
 
 def write_table(df: pd.DataFrame, path: str | Path) -> Path:
-    """Write ``df`` (without its index) as CSV or Parquet, chosen by suffix, atomically.
+    """Write ``df`` (without its index) as CSV, Parquet, JSON or JSON Lines, chosen by suffix, atomically.
 
     The table goes to a temporary file in the target's directory, which then replaces
     the target with :func:`os.replace`. On any failure the temporary file is removed and
@@ -249,10 +287,12 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     tmp = temp_path(path, table_suffix(path))
     try:
         with terminate_as_exit():
-            if fmt == "csv":
-                df.to_csv(tmp, index=False)
-            else:
+            if fmt == "parquet":
                 df.to_parquet(tmp, index=False)
+            elif fmt == "json":
+                tmp.write_text("[" + table_text(df, fmt, first=True) + "]\n", encoding="utf-8")
+            else:
+                df.to_csv(tmp, index=False) if fmt == "csv" else tmp.write_text(table_text(df, fmt, first=True))
             os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

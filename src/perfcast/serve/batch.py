@@ -82,7 +82,7 @@ class StepPredictorLike(Protocol):
 
 MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
 """Per-GPU memory parts ``breakdown`` adds, GiB (they sum to ``peak_mem_gib``)."""
-LEVEL_COLUMNS = tuple(f"comm_{g}_level" for g in COMM_GROUPS)
+LEVEL_COLUMNS = tuple(f"link_{g}" for g in COMM_GROUPS)
 """Per process group, the links its collectives cross (``nvlink``, a fabric id, or
 ``nvlink+<fabric>``; empty for a group of one rank): :func:`~perfcast.features.workload.fabric_level`."""
 BREAKDOWN_COLUMNS = (

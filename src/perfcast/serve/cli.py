@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfcast.data.tables import ERROR_COLUMN, write_table
+from perfcast.data.tables import ERROR_COLUMN, STDOUT
 from perfcast.errors import PerfcastError, SpecError
 from perfcast.serve.calibrate_cmd import calibrate_command
 from perfcast.serve.calibrate_steps_cmd import calibrate_steps_command
@@ -31,6 +33,9 @@ from perfcast.serve.train_cmd import train_app
 
 EXIT_USER_ERROR = 2
 ERROR_PREVIEW_CHARS = 48
+MAX_TABLE_ROWS = 10_000
+"""Most rows ``--format table`` prints (write a file for more)."""
+FORMAT_HELP = "Output format: table (on stdout), csv, json or jsonl; default: the -o suffix, csv for -o -."
 
 app = typer.Typer(
     help="perfcast: predict the time of deep-learning operators and distributed training steps.",
@@ -61,6 +66,11 @@ _err = Console(stderr=True, soft_wrap=True)
 _out = Console(width=None if sys.stdout.isatty() else 160)
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
+    """Print a warning as one line on stderr, without the source line Python adds."""
+    _err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, markup=True)
+
+
 def _print_version(value: bool) -> None:
     if value:
         from perfcast import __version__
@@ -79,6 +89,7 @@ def main(
 ) -> None:
     """perfcast: predict training performance before you run it."""
     _state["debug"] = debug
+    warnings.showwarning = _one_line_warning
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
@@ -101,29 +112,50 @@ def _run_guarded(fn: typer.models.CommandFunctionType) -> None:  # type: ignore[
 Column = tuple[str, Callable[[pd.Series], str]]
 
 
-def _show(df: pd.DataFrame, columns: list[Column], title: str, limit: int) -> None:
-    """Print the first ``limit`` rows as a table (the file has every column)."""
+def _show(df: pd.DataFrame, columns: list[Column], title: str, limit: int, *, total: int | None = None) -> None:
+    """Print the first ``limit`` rows as a table (the output has every row and column) and
+    say how many of the ``total`` rows are not shown."""
     table = Table(title=title)
     for header, _ in columns:
         table.add_column(header, overflow="fold")
     for _, row in df.head(limit).iterrows():
         table.add_row(*[get(row) for _, get in columns])
     _out.print(table)
-    if len(df) > limit:
-        _out.print(f"... {len(df) - limit} more rows in the output file")
+    hidden = (len(df) if total is None else total) - min(limit, len(df))
+    if hidden > 0:
+        _out.print(f"... {hidden:,} more rows not shown (all are in the output)")
 
 
 def _field(name: str) -> Callable[[pd.Series], str]:
     return lambda row: _fmt(row.get(name))
 
 
-def _interval(lo: str, hi: str) -> Callable[[pd.Series], str]:
+def _interval(lo: str, hi: str, show: Callable[[object], str]) -> Callable[[pd.Series], str]:
     def cell(row: pd.Series) -> str:
         if pd.isna(row.get(lo)) or pd.isna(row.get(hi)):
             return ""
-        return f"{_fmt(row[lo])}-{_fmt(row[hi])}"
+        return f"{show(row[lo])} - {show(row[hi])}"
 
     return cell
+
+
+def _duration(value: object) -> str:
+    """A time in ms as people read it: ms below a second, then s, min or h."""
+    if not isinstance(value, int | float) or value != value:
+        return ""
+    ms = float(value)
+    for unit, size, limit in (("ms", 1.0, 1e3), ("s", 1e3, 60e3), ("min", 60e3, 3600e3), ("h", 3600e3, float("inf"))):
+        if abs(ms) < limit:
+            return f"{_fmt(ms / size)} {unit}"
+    return ""
+
+
+def _timed(name: str) -> Callable[[pd.Series], str]:
+    return lambda row: _duration(row.get(name))
+
+
+def _flag(name: str) -> Callable[[pd.Series], str]:
+    return lambda row: "yes" if pd.notna(row.get(name)) and bool(row.get(name)) else ""
 
 
 def _short_error(row: pd.Series) -> str:
@@ -151,12 +183,13 @@ STEP_COLUMNS: list[Column] = [
     ("gpu", _field("gpu")),
     ("gpus", _field("num_gpus")),
     ("layout", _layout),
-    ("step ms", _field("step_ms")),
-    ("interval", _interval("step_lo_ms", "step_hi_ms")),
+    ("step", _timed("step_ms")),
+    ("interval", _interval("step_lo_ms", "step_hi_ms", _duration)),
     ("mem GiB", _field("peak_mem_gib")),
     ("fits", _field("fits_memory")),
-    ("MFU", _field("mfu")),
+    ("MFU", lambda row: f"{_fmt(100 * row['mfu'])}%" if pd.notna(row.get("mfu")) else ""),
     ("tokens/s", _field("tokens_per_s")),
+    ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
 ]
 OP_COLUMNS_SHOWN: list[Column] = [
@@ -167,18 +200,21 @@ OP_COLUMNS_SHOWN: list[Column] = [
     ("pred ms", _field("pred_ms")),
     ("lo", _field("pred_lo_ms")),
     ("hi", _field("pred_hi_ms")),
+    ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
 ]
 
 
 def _fmt(value: object) -> str:
-    if isinstance(value, float):
-        if value != value:  # NaN
-            return ""
-        if value.is_integer() and abs(value) < 1e15:
-            return str(int(value))
-        return f"{value:.4g}" if abs(value) < 1e6 else f"{value:.3e}"
-    return "" if value is None else str(value)
+    """A cell as plain text: whole numbers and values from 1,000 up with thousands separators,
+    others to 4 significant digits, never in e-notation; empty for NaN and None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "" if value is None else str(value)
+    if value != value:  # NaN
+        return ""
+    if abs(value) >= 1000 or float(value).is_integer():
+        return f"{value:,.0f}"
+    return np.format_float_positional(float(value), precision=4, unique=False, fractional=False, trim="-")
 
 
 def _input(path: Path | None, example: str) -> Path:
@@ -194,9 +230,10 @@ def predict_steps(
     input_path: Path | None = typer.Argument(
         None, metavar="IN", help="Run table, CSV or Parquet (default: packaged example)."
     ),
-    output: Path = typer.Option(
-        ..., "-o", "--output", help="Where to write the predictions (.csv, .csv.gz, .parquet)."
+    output: str = typer.Option(
+        ..., "-o", "--output", help="Predictions file (.csv, .csv.gz, .parquet, .json, .jsonl), or - for stdout."
     ),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     model: str | None = typer.Option(
         None,
         "--model",
@@ -217,6 +254,7 @@ def predict_steps(
 
     def run() -> None:
         path = _input(input_path, "runs.csv")
+        target = _target(output, fmt)
         if dask:
             if breakdown:
                 raise SpecError("--breakdown is not available with --dask; predict without --dask for the parts")
@@ -224,15 +262,13 @@ def predict_steps(
 
             result = predict_table_dask(path, "steps", address=dask, ref=model, coverage=coverage,
                                         calibration=calibration)  # fmt: skip
-            write_table(result, output)
+            _write(result, output, target)
             rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
         else:
             predictor = load_calibrated_predictor("steps", model, calibration)
-            done = _stream(path, output, "steps", predictor, coverage=coverage, breakdown=breakdown)
+            done = _stream(path, output, "steps", predictor, target, coverage=coverage, breakdown=breakdown)
             rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
-        if show:
-            _show(preview, STEP_COLUMNS, f"step predictions ({name})", show)
-        _err.print(f"wrote {rows} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+        _report(preview, STEP_COLUMNS, f"step predictions ({name})", show, output, target, rows, n_bad)
 
     _run_guarded(run)
 
@@ -242,7 +278,10 @@ def predict_ops(
     input_path: Path | None = typer.Argument(
         None, metavar="IN", help="Op table, CSV or Parquet (default: packaged example)."
     ),
-    output: Path = typer.Option(..., "-o", "--output", help="Predictions file (.csv, .csv.gz, .parquet)."),
+    output: str = typer.Option(
+        ..., "-o", "--output", help="Predictions file (.csv, .csv.gz, .parquet, .json, .jsonl), or - for stdout."
+    ),
+    fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
     model: str | None = typer.Option(
         None, "--model", help="'analytic', a bundle folder or an MLflow URI (models:/NAME/VERSION); default: shipped."
     ),
@@ -258,26 +297,59 @@ def predict_ops(
 
     def run() -> None:
         path = _input(input_path, "ops.csv")
+        target = _target(output, fmt)
         if dask:
             from perfcast.serve.dask_predict import predict_table_dask
 
             result = predict_table_dask(path, "ops", address=dask, ref=model, coverage=coverage,
                                         calibration=calibration)  # fmt: skip
-            write_table(result, output)
+            _write(result, output, target)
             rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
         else:
             predictor = load_calibrated_predictor("ops", model, calibration)
-            done = _stream(path, output, "ops", predictor, coverage=coverage)
+            done = _stream(path, output, "ops", predictor, target, coverage=coverage)
             rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
-        if show:
-            _show(preview, OP_COLUMNS_SHOWN, f"op predictions ({name})", show)
-        _err.print(f"wrote {rows} rows to {output} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+        _report(preview, OP_COLUMNS_SHOWN, f"op predictions ({name})", show, output, target, rows, n_bad)
 
     _run_guarded(run)
 
 
-def _stream(path: Path, output: Path, kind: str, predictor: object, **options: object):  # type: ignore[no-untyped-def]
-    """Predict ``path`` into ``output`` chunk by chunk, with a progress bar on stderr."""
+def _target(output: str, fmt: str | None) -> str:
+    """The format the predictions are written in (``table``: all rows printed on stdout), checked
+    before any prediction runs."""
+    from perfcast.data.table_stream import check_table_target
+
+    if fmt == "table":
+        if output != STDOUT:
+            raise SpecError(f"--format table prints to stdout: use -o - (got -o {output})")
+        return fmt
+    return check_table_target(output, fmt)
+
+
+def _write(result: pd.DataFrame, output: str, target: str) -> None:
+    from perfcast.data.table_stream import TableWriter
+
+    if target != "table":
+        with TableWriter(output, target) as writer:
+            writer.write(result)
+
+
+def _report(
+    preview: pd.DataFrame, columns: list[Column], title: str, show: int, output: str, target: str, rows: int, n_bad: int
+) -> None:
+    """The preview table (all rows with ``--format table``) and a summary line on stderr; nothing
+    else reaches stdout when it carries the table."""
+    if target == "table":
+        _show(preview, columns, title, len(preview), total=rows)
+    elif show and output != STDOUT:
+        _show(preview, columns, title, show)
+    where = "stdout" if output == STDOUT else output
+    _err.print(f"wrote {rows} rows to {where} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
+
+
+def _stream(path: Path, output: str, kind: str, predictor: object, target: str, **options: object):  # type: ignore[no-untyped-def]
+    """Predict ``path`` into ``output`` chunk by chunk, with a progress bar on stderr
+    (``--format table``: into memory, to print every row)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from perfcast.data.table_stream import count_rows
@@ -286,7 +358,10 @@ def _stream(path: Path, output: Path, kind: str, predictor: object, **options: o
     columns = (TextColumn(f"predicting {kind}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     with Progress(*columns, console=_err, transient=True) as bar:
         task = bar.add_task(kind, total=count_rows(path))
-        return stream_predict(path, output, kind, predictor, progress=lambda n: bar.advance(task, n), **options)
+        advance = lambda n: bar.advance(task, n)  # noqa: E731
+        if target == "table":
+            return stream_predict(path, None, kind, predictor, progress=advance, preview_rows=MAX_TABLE_ROWS, **options)
+        return stream_predict(path, output, kind, predictor, progress=advance, fmt=target, **options)
 
 
 @models_app.command("list")

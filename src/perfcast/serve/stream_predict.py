@@ -12,6 +12,7 @@ chunks stack into one table.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +47,7 @@ def _with_breakdown(out: pd.DataFrame) -> pd.DataFrame:
 
 def stream_predict(
     source: str | Path,
-    target: str | Path,
+    target: str | Path | None,
     kind: str,
     predictor: Any,
     *,
@@ -55,27 +56,32 @@ def stream_predict(
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     preview_rows: int = 20,
     progress: Callable[[int], None] | None = None,
+    fmt: str | None = None,
 ) -> StreamResult:
-    """Predict the ``steps`` or ``ops`` table at ``source`` into ``target``, chunk by chunk.
+    """Predict the ``steps`` or ``ops`` table at ``source`` into ``target``, chunk by chunk
+    (``target`` ``-`` is standard output, in text format ``fmt``; a file's format is its suffix;
+    None writes nothing and keeps up to ``preview_rows`` rows in the result).
 
     Raises:
         DatasetError: the input cannot be read or the output written (nothing is left
             half-written).
         SpecError: a bad coverage.
     """
-    n_errors, previews = 0, []
-    with TableWriter(target) as writer:
+    n_errors, previews, rows = 0, [], 0
+    with TableWriter(target, fmt) if target is not None else contextlib.nullcontext() as writer:
         for chunk in iter_table_chunks(source, chunk_rows):
             if kind == "steps":
                 out = predict_steps_table(chunk, predictor=predictor, coverage=coverage, breakdown=breakdown)
                 out = _with_breakdown(out) if breakdown else out
             else:
                 out = predict_ops_table(chunk, predictor=predictor, coverage=coverage)
-            writer.write(out)
+            if writer is not None:
+                writer.write(out)
+            rows += len(out)
             n_errors += int((out[ERROR_COLUMN] != "").sum())
             if sum(len(p) for p in previews) < preview_rows:
                 previews.append(out.head(preview_rows))
             if progress is not None:
                 progress(len(chunk))
     preview = pd.concat(previews).head(preview_rows) if previews else pd.DataFrame()
-    return StreamResult(rows=writer.rows, n_errors=n_errors, preview=preview)
+    return StreamResult(rows=rows, n_errors=n_errors, preview=preview)
