@@ -66,12 +66,13 @@ def test_vpp_needs_pp():
         ParallelConfig(vpp=2, global_batch=1)
 
 
-def test_ep_must_fit_in_the_data_parallel_ranks():
-    with _raises(ValueError, "ep=4 exceeds dp*cp=2"):
+def test_ep_times_etp_must_divide_the_stage_ranks():
+    with _raises(ValueError, "ep*etp=4*1=4 does not divide tp*cp*dp=1*1*2=2"):
         ParallelConfig(dp=2, ep=4, global_batch=2)
-    with _raises(ValueError, "ep=4 does not divide dp*cp=6"):
+    with _raises(ValueError, "ep*etp=4*1=4 does not divide tp*cp*dp=1*1*6=6"):
         ParallelConfig(dp=6, ep=4, global_batch=6)
     ParallelConfig(dp=2, cp=2, ep=4, global_batch=2)  # ep spans dp*cp
+    ParallelConfig(tp=2, dp=2, ep=4, global_batch=2)  # ep folds over tp too (Megatron-Core)
 
 
 def test_lora_needs_a_rank_and_a_rank_needs_lora():
@@ -168,7 +169,7 @@ def test_ep_needs_moe_and_must_divide_experts():
         check_layout(mixtral, ParallelConfig(dp=6, ep=3, global_batch=6), _cluster(6))
 
 
-def test_tp_must_divide_expert_ffn():
+def test_etp_must_divide_expert_ffn():
     moe = ModelSpec(
         num_layers=2,
         hidden_size=512,
@@ -179,8 +180,9 @@ def test_tp_must_divide_expert_ffn():
         top_k=2,
         moe_ffn_hidden_size=1001,
     )
-    with _raises(SpecError, "tp=2 does not divide the expert ffn size 1001"):
-        check_layout(moe, ParallelConfig(tp=2, global_batch=1), _cluster(2))
+    check_layout(moe, ParallelConfig(tp=2, global_batch=1), _cluster(2))  # experts split over etp=1, not tp
+    with _raises(SpecError, "etp=2 does not divide the expert ffn size moe_ffn_hidden_size=1001"):
+        check_layout(moe, ParallelConfig(tp=2, etp=2, global_batch=1), _cluster(2))
 
 
 # ------------------------------------------------------------------ vocab padding

@@ -4,7 +4,8 @@ Model states follow the ZeRO paper (Rajbhandari et al. 2020): with 16-bit traini
 parameter holds 2 bytes of weights, 2 of gradients and 12 of optimizer state (fp32
 master weights and two Adam moments); fp32 training holds 4 + 4 + 8. ZeRO stage 1 shards
 the optimizer state over the ``dp*cp`` data-parallel ranks, stage 2 the gradients too,
-stage 3 the weights too. LoRA keeps the frozen base weights only, and gradients and
+stage 3 the weights too; the routed experts' states shard over the ``edp`` expert-data-parallel
+ranks (``tp*cp*dp / (ep*etp)``) instead. LoRA keeps the frozen base weights only, and gradients and
 optimizer state for the adapters.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
@@ -78,14 +79,16 @@ def activation_bytes_per_layer(model: ModelSpec, parallel: ParallelConfig, *, mo
     sbh = s * b * h
     if p.recompute is Recompute.FULL:
         return 2.0 * sbh / (t if p.sequence_parallel else 1)
-    q_width = model.num_heads * model.head_size
-    kv_width = model.kv_heads * model.head_size
+    q_width = model.num_heads * model.qk_head_size
+    kv_width = model.kv_heads * ((model.qk_head_size + model.v_head_size) // 2)
     tokens = s * b
     if moe:
         ffn, routed = model.expert_ffn_size, model.top_k
     else:
         ffn, routed = model.ffn_size, 1
     mlp_inner = (6.0 if model.gated_mlp else 4.0) * tokens * ffn * routed  # act input(s) and down-proj input
+    if moe and model.num_shared_experts:
+        mlp_inner += (6.0 if model.gated_mlp else 4.0) * tokens * model.shared_expert_ffn_size
     # Q, K, V, the context (output-projection input) and the MLP inner tensors split over tp.
     split = 2.0 * tokens * (2 * q_width + 2 * kv_width) + mlp_inner
     replicated = 10.0 * sbh  # two norm inputs, QKV and MLP inputs, two dropout masks
@@ -130,7 +133,7 @@ def _memory_inputs(
     per_mb = (layers - moe_layers) * layer_bytes(model, p) + moe_layers * layer_bytes(model, p, moe=True)
     # the logits of the one stage that also holds the loss, fp32
     logits = 4.0 * p.micro_batch * (model.seq_len // p.cp) * padded_vocab_size(model, p.tp) / p.tp if p.pp == 1 else 0
-    return (*params(model, p, finetune=Finetune.FULL), *params(model, p), dp_ranks, max(1, dp_ranks // p.ep),
+    return (*params(model, p, finetune=Finetune.FULL), *params(model, p), dp_ranks, p.edp,
             p.zero_stage, p.dtype in (DType.FP32, DType.TF32), p.finetune is Finetune.LORA, per_mb,
             _in_flight_microbatches(p), logits)  # fmt: skip
 
@@ -153,7 +156,7 @@ def _fullest_rank_inputs(
         else:
             in_flight = float(min(m, p.pp - r))
         rows.append((*params(model, p, finetune=Finetune.FULL, rank=r), *params(model, p, rank=r), dp_ranks,
-                     max(1, dp_ranks // p.ep), p.zero_stage, p.dtype in (DType.FP32, DType.TF32),
+                     p.edp, p.zero_stage, p.dtype in (DType.FP32, DType.TF32),
                      p.finetune is Finetune.LORA, dense * dense_bytes + moe * moe_bytes, in_flight, 0))  # fmt: skip
     parts = _memory_parts(np.array(rows, dtype=object))
     return rows[int(np.argmax(sum(parts.values())))]
@@ -193,7 +196,7 @@ def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
         model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
     ) -> tuple[int, int]:
         tune = finetune or p.finetune
-        key = ("params", id(model), p.tp, p.pp, p.ep, tune, p.lora_rank if tune is Finetune.LORA else 0, rank,
+        key = ("params", id(model), p.tp, p.pp, p.ep, p.etp, tune, p.lora_rank if tune is Finetune.LORA else 0, rank,
                layers_per_rank(model, p))  # fmt: skip
         if key not in counts:
             counts[key] = trainable_params_per_rank(model, p, finetune=finetune, rank=rank)

@@ -39,13 +39,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from perfcast.data.schema import FIELD_MAX
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features._spec_io import read_json, to_spec_error
+from perfcast.features.hf_config import HF_DEFAULT_MAX_SEQ_LEN, hf_model_fields, hf_name, looks_like_hf_config
 
 __all__ = [
     "Activation",
+    "LatentAttention",
     "ModelSpec",
     "NormType",
     "PositionEmbedding",
     "list_models",
+    "looks_like_hf_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -57,9 +60,6 @@ _METADATA_KEYS = ("schema_version", "source", "id")
 """Keys of a spec JSON file that describe the file, not the model; dropped on load."""
 
 _CATALOG_PACKAGE = "perfcast.features"
-
-_HF_DEFAULT_MAX_SEQ_LEN = 4096
-"""``from_hf_config`` caps the default ``seq_len`` at this many tokens."""
 
 
 class NormType(str, Enum):
@@ -86,6 +86,30 @@ class PositionEmbedding(str, Enum):
     NONE = "none"
 
 
+class LatentAttention(BaseModel):
+    """Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2): the sizes of one layer, elements.
+
+    With ``nh`` heads: Q is ``h -> q_lora_rank`` (RMS-normed) ``-> nh·(qk_nope_head_dim +
+    qk_rope_head_dim)``, or ``h ->`` that directly when ``q_lora_rank`` is None; K and V
+    come from one latent ``h -> kv_lora_rank + qk_rope_head_dim`` (the rope part is one key
+    shared by all heads; the rest RMS-normed) ``-> nh·(qk_nope_head_dim + v_head_dim)``; the
+    output projection is ``nh·v_head_dim -> h``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    q_lora_rank: int | None = Field(default=None, gt=0, le=FIELD_MAX["q_lora_rank"], description="Q latent size.")
+    kv_lora_rank: int = Field(gt=0, le=FIELD_MAX["kv_lora_rank"], description="K/V latent size.")
+    qk_nope_head_dim: int = Field(gt=0, le=FIELD_MAX["head_dim"], description="Per-head Q/K size without rope.")
+    qk_rope_head_dim: int = Field(ge=0, le=FIELD_MAX["head_dim"], description="Per-head Q/K size with rope.")
+    v_head_dim: int = Field(gt=0, le=FIELD_MAX["head_dim"], description="Per-head V size.")
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Per-head size of Q and K: ``qk_nope_head_dim + qk_rope_head_dim``."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
 class ModelSpec(BaseModel):
     """Shape of a decoder-only transformer language model, dense or MoE.
 
@@ -98,6 +122,16 @@ class ModelSpec(BaseModel):
     expert MLPs and a bias-free linear router, of which ``top_k`` run per token. The MoE
     fields (``top_k``, ``moe_ffn_hidden_size``, ``moe_layer_freq``) are ignored by dense
     models, except that ``top_k`` may not exceed ``num_experts``.
+
+    MoE refinements: the first ``first_dense_layers`` layers keep a dense MLP and the
+    rest follow ``moe_layer_freq``; ``num_shared_experts`` shared experts (together
+    ``shared_expert_ffn_hidden_size`` wide) run on every token beside the routed ones;
+    ``mtp_layers`` multi-token-prediction modules (a layer like the last one, a
+    ``2h -> h`` projection and a second pass through the LM head each) follow the last
+    layer. Attention refinements: ``mla`` replaces Q, K, V by latent projections
+    (:class:`LatentAttention`); ``sliding_window_layers`` of the layers let each query
+    see only the last ``sliding_window`` tokens; ``attention_sinks`` adds one learned
+    logit per head and layer.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -145,6 +179,32 @@ class ModelSpec(BaseModel):
     moe_layer_freq: int = Field(
         default=1, ge=1, le=FIELD_MAX["moe_layer_freq"], description="Every k-th layer is an MoE layer."
     )
+    first_dense_layers: int = Field(
+        default=0,
+        ge=0,
+        le=FIELD_MAX["first_dense_layers"],
+        description="Leading layers of an MoE model with a dense MLP.",
+    )
+    num_shared_experts: int = Field(
+        default=0, ge=0, le=FIELD_MAX["num_shared_experts"], description="Experts of each MoE layer every token uses."
+    )
+    shared_expert_ffn_hidden_size: int | None = Field(
+        default=None,
+        gt=0,
+        le=FIELD_MAX["shared_expert_ffn_hidden_size"],
+        description="Inner size of all shared experts of a layer together; None = num_shared_experts x expert size.",
+    )
+    mtp_layers: int = Field(
+        default=0, ge=0, le=FIELD_MAX["mtp_layers"], description="Multi-token-prediction modules after the last layer."
+    )
+    sliding_window: int | None = Field(
+        default=None, gt=0, le=FIELD_MAX["sliding_window"], description="Keys a windowed layer's query sees, tokens."
+    )
+    sliding_window_layers: int = Field(
+        default=0, ge=0, le=FIELD_MAX["sliding_window_layers"], description="Layers using sliding_window."
+    )
+    attention_sinks: bool = Field(default=False, description="One learned sink logit per head and layer.")
+    mla: LatentAttention | None = Field(default=None, description="Multi-head latent attention; None = Q, K, V.")
 
     # ------------------------------------------------------------------ validation
 
@@ -161,8 +221,11 @@ class ModelSpec(BaseModel):
             raise ValueError(
                 f"top_k={self.top_k} exceeds num_experts={self.num_experts}; allowed: 1 <= top_k <= num_experts"
             )
-        if self.num_experts > 1 and self.num_layers % self.moe_layer_freq:
-            raise ValueError(f"moe_layer_freq={self.moe_layer_freq} does not divide num_layers={self.num_layers}")
+        if self.num_experts > 1 and (self.num_layers - self.first_dense_layers) % self.moe_layer_freq:
+            k = self.first_dense_layers
+            rest = f"num_layers - first_dense_layers={self.num_layers}-{k}" if k else f"num_layers={self.num_layers}"
+            raise ValueError(f"moe_layer_freq={self.moe_layer_freq} does not divide {rest}")
+        self._check_refinements()
         if (
             self.position_embedding is PositionEmbedding.LEARNED
             and self.max_position_embeddings is not None
@@ -173,6 +236,36 @@ class ModelSpec(BaseModel):
                 f"{self.max_position_embeddings} of learned position embeddings"
             )
         return self
+
+    def _check_refinements(self) -> None:
+        """Rules of the MoE and attention refinements (see the class docstring)."""
+        moe_only = {"first_dense_layers": self.first_dense_layers, "num_shared_experts": self.num_shared_experts}
+        for name, value in moe_only.items():
+            if value and self.num_experts == 1:
+                raise ValueError(
+                    f"{name}={value} needs a mixture-of-experts model (num_experts > 1); got num_experts=1"
+                )
+        if self.first_dense_layers >= self.num_layers:
+            raise ValueError(
+                f"first_dense_layers={self.first_dense_layers} leaves no MoE layer of num_layers={self.num_layers}; "
+                "allowed: below num_layers"
+            )
+        if self.shared_expert_ffn_hidden_size is not None and not self.num_shared_experts:
+            raise ValueError(
+                f"shared_expert_ffn_hidden_size={self.shared_expert_ffn_hidden_size} needs num_shared_experts >= 1"
+            )
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers={self.sliding_window_layers} exceeds num_layers={self.num_layers}")
+        if (self.sliding_window is None) != (self.sliding_window_layers == 0):
+            raise ValueError(
+                f"sliding_window={self.sliding_window} and sliding_window_layers={self.sliding_window_layers}: "
+                "give both (the window, tokens, and how many layers use it) or neither"
+            )
+        if self.mla is not None and self.num_kv_heads not in (None, self.num_heads):
+            raise ValueError(
+                f"num_kv_heads={self.num_kv_heads} with mla: latent attention has one K/V per query head; "
+                f"allowed: num_heads={self.num_heads} or none"
+            )
 
     # ------------------------------------------------------------------ resolved shape
 
@@ -212,8 +305,32 @@ class ModelSpec(BaseModel):
 
     @property
     def num_moe_layers(self) -> int:
-        """Layers whose MLP is a set of experts: ``L // moe_layer_freq``, 0 when dense."""
-        return self.num_layers // self.moe_layer_freq if self.is_moe else 0
+        """Layers whose MLP is a set of experts: ``(L - first_dense_layers) // moe_layer_freq``, 0 when dense."""
+        return (self.num_layers - self.first_dense_layers) // self.moe_layer_freq if self.is_moe else 0
+
+    @property
+    def shared_expert_ffn_size(self) -> int:
+        """Inner size of a layer's shared experts together, elements (0 without shared experts)."""
+        if not self.num_shared_experts:
+            return 0
+        if self.shared_expert_ffn_hidden_size is not None:
+            return self.shared_expert_ffn_hidden_size
+        return self.num_shared_experts * self.expert_ffn_size
+
+    @property
+    def qk_head_size(self) -> int:
+        """Per-head size of Q and K, elements (``head_size``, or MLA's nope + rope part)."""
+        return self.head_size if self.mla is None else self.mla.qk_head_dim
+
+    @property
+    def v_head_size(self) -> int:
+        """Per-head size of V and the attention output, elements (``head_size``, or MLA's ``v_head_dim``)."""
+        return self.head_size if self.mla is None else self.mla.v_head_dim
+
+    @property
+    def num_window_layers(self) -> int:
+        """Layers attending over ``sliding_window`` tokens only (0 when none)."""
+        return self.sliding_window_layers
 
     @property
     def num_dense_layers(self) -> int:
@@ -241,18 +358,33 @@ class ModelSpec(BaseModel):
     def attention_matmul_params_per_layer(self) -> int:
         """Attention projection weights of one layer, parameters (no biases).
 
-        ``Q: h·(nh·hd)``, ``K, V: h·(nkv·hd)`` each, ``O: (nh·hd)·h``.
+        ``Q: h·(nh·hd)``, ``K, V: h·(nkv·hd)`` each, ``O: (nh·hd)·h``. With ``mla``
+        (``r_q, r_kv`` the latent sizes, ``d_n, d_r, d_v`` the head parts):
+        ``h·r_q + r_q·nh·(d_n + d_r)`` (or ``h·nh·(d_n + d_r)`` without ``r_q``),
+        ``h·(r_kv + d_r) + r_kv·nh·(d_n + d_v)`` and ``O: nh·d_v·h``.
         """
-        h = self.hidden_size
-        return 2 * h * self._q_width + 2 * h * self._kv_width
+        h, m = self.hidden_size, self.mla
+        if m is None:
+            return 2 * h * self._q_width + 2 * h * self._kv_width
+        q_out = self.num_heads * m.qk_head_dim
+        q = h * q_out if m.q_lora_rank is None else m.q_lora_rank * (h + q_out)
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * self.num_heads * (
+            m.qk_nope_head_dim + m.v_head_dim
+        )
+        return q + kv + self.num_heads * m.v_head_dim * h
 
     @property
     def attention_params_per_layer(self) -> int:
-        """Attention parameters of one layer: projection weights plus, with ``bias``,
-        the Q, K, V, O biases ``nh·hd + 2·nkv·hd + h``."""
+        """Attention parameters of one layer: projection weights plus, with ``bias``, the
+        Q, K, V, O biases ``nh·hd + 2·nkv·hd + h``; MLA's latent norms ``r_q + r_kv``; ``nh``
+        sink logits with ``attention_sinks``."""
         params = self.attention_matmul_params_per_layer
         if self.bias:
             params += self._q_width + 2 * self._kv_width + self.hidden_size
+        if self.mla is not None:
+            params += (self.mla.q_lora_rank or 0) + self.mla.kv_lora_rank
+        if self.attention_sinks:
+            params += self.num_heads
         return params
 
     def _mlp_weights(self, ffn: int) -> int:
@@ -281,11 +413,16 @@ class ModelSpec(BaseModel):
         return self.hidden_size * self.num_experts if self.is_moe else 0
 
     @property
+    def shared_expert_params(self) -> int:
+        """Parameters of a layer's shared experts (the MLP formula with their inner size); 0 when none."""
+        return self._mlp_params(self.shared_expert_ffn_size) if self.num_shared_experts else 0
+
+    @property
     def moe_params_per_layer(self) -> int:
-        """Parameters of one MoE block: all ``E`` experts plus the router; 0 when dense."""
+        """Parameters of one MoE block: all ``E`` experts, the shared experts and the router; 0 when dense."""
         if not self.is_moe:
             return 0
-        return self.num_experts * self.expert_params + self.router_params_per_layer
+        return self.num_experts * self.expert_params + self.shared_expert_params + self.router_params_per_layer
 
     @property
     def _norm_params(self) -> int:
@@ -331,16 +468,31 @@ class ModelSpec(BaseModel):
 
     @property
     def num_params(self) -> int:
-        """Total parameters: embeddings, all layers, final norm and (untied) LM head."""
+        """Total parameters: embeddings, all layers, final norm and (untied) LM head; the
+        multi-token-prediction modules are apart (:attr:`num_mtp_params`), as model cards count."""
         layers = self.num_dense_layers * self.num_params_per_layer(moe=False)
         if self.is_moe:
             layers += self.num_moe_layers * self.num_params_per_layer(moe=True)
         return self.embedding_params + layers + self.final_norm_params + self.output_params
 
     @property
+    def mtp_proj_params(self) -> int:
+        """Parameters of one multi-token-prediction module besides its layer: the ``2h -> h``
+        projection and three norms (embedding, hidden state, output); it shares the
+        embedding and LM head."""
+        return 2 * self.hidden_size**2 + 3 * self._norm_params
+
+    @property
+    def num_mtp_params(self) -> int:
+        """Parameters of the ``mtp_layers`` modules: each a layer like the last one plus
+        :attr:`mtp_proj_params`; 0 without MTP."""
+        return self.mtp_layers * (self.num_params_per_layer(moe=self.is_moe) + self.mtp_proj_params)
+
+    @property
     def num_active_params(self) -> int:
         """Parameters one token uses: as :attr:`num_params`, but each MoE layer counts only
-        ``top_k`` experts (plus the router). Equals :attr:`num_params` for a dense model."""
+        ``top_k`` experts (plus the shared experts and the router). Equals :attr:`num_params`
+        for a dense model."""
         if not self.is_moe:
             return self.num_params
         inactive = (self.num_experts - self.top_k) * self.expert_params
@@ -349,17 +501,27 @@ class ModelSpec(BaseModel):
     @property
     def num_matmul_params(self) -> int:
         """Weights one token multiplies through, parameters: attention projections, the
-        dense MLPs, the ``top_k`` active experts and routers of MoE layers, and the LM head
-        (counted even when tied). Excludes biases, norms and input/position embeddings."""
+        dense MLPs, the ``top_k`` active experts, shared experts and routers of MoE layers,
+        and the LM head (counted even when tied); each multi-token-prediction module adds
+        its layer, its ``2h -> h`` projection and another LM-head pass. Excludes biases,
+        norms and input/position embeddings."""
         per_layer_attn = self.attention_matmul_params_per_layer
         dense = self._mlp_weights(self.ffn_size)
         moe = self.top_k * self._mlp_weights(self.expert_ffn_size) + self.router_params_per_layer
-        return (
+        if self.num_shared_experts:
+            moe += self._mlp_weights(self.shared_expert_ffn_size)
+        total = (
             self.num_layers * per_layer_attn
             + self.num_dense_layers * dense
             + self.num_moe_layers * moe
             + self.vocab_size * self.hidden_size
         )
+        if self.mtp_layers:  # each module: its layer, the 2h -> h projection and an LM-head pass
+            mtp_layer = moe if self.is_moe else dense
+            total += self.mtp_layers * (
+                per_layer_attn + mtp_layer + 2 * self.hidden_size**2 + self.vocab_size * self.hidden_size
+            )
+        return total
 
     # ------------------------------------------------------------------ FLOPs
 
@@ -378,7 +540,11 @@ class ModelSpec(BaseModel):
         forward and 4 backward (input and weight gradients). The second term is attention
         scores ``QKᵀ`` and context ``AV`` (``2·s·nh·hd`` each per token and layer forward),
         counted, as Megatron does, for full non-causal attention: causal masking is not
-        subtracted. Biases, norms, activations, softmax and the optimizer are left out, and
+        subtracted. In general each layer (MTP modules' included) adds
+        ``2·s_l·nh·(d_qk + d_v)`` forward, with ``d_qk, d_v`` the Q/K and V head sizes
+        (:attr:`qk_head_size`, :attr:`v_head_size`) and ``s_l = min(sliding_window, s)``
+        on the windowed layers, ``s`` on the others. Biases, norms, activations, softmax and
+        the optimizer are left out, and
         activation recomputation is not counted (it is a property of the run, not the
         model). For a dense GPT with ``nh·hd = h`` and ``f = 4h`` this is
         ``72·L·h²·(1 + s/(6h) + V/(12·h·L))`` per token.
@@ -397,10 +563,13 @@ class ModelSpec(BaseModel):
             s = -1
         if isinstance(seq_len, bool) or s <= 0:
             raise SpecError(f"seq_len={seq_len!r} is not allowed; expected a positive integer")
-        attention = self.num_layers * s * self._q_width
+        window = min(self.sliding_window or s, s)
+        full_layers = self.num_layers - self.num_window_layers + self.mtp_layers
+        keys = full_layers * s + self.num_window_layers * window  # keys each token attends to, over all layers
+        attention = keys * self.num_heads * (self.qk_head_size + self.v_head_size)
         if training:
-            return 6.0 * self.num_matmul_params + 12.0 * attention
-        return 2.0 * self.num_matmul_params + 4.0 * attention
+            return 6.0 * self.num_matmul_params + 6.0 * attention
+        return 2.0 * self.num_matmul_params + 2.0 * attention
 
     # ------------------------------------------------------------------ construction
 
@@ -459,23 +628,9 @@ class ModelSpec(BaseModel):
     def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *, seq_len: int | None = None) -> ModelSpec:
         """Read a Hugging Face ``config.json`` (a path, a directory holding one, or its dict).
 
-        Families read by ``model_type``: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe
-        (and qwen2_moe without shared experts), gemma, gpt2, gpt_neox, opt, falcon. Any
-        other ``model_type`` is read with the Llama keys and logs a warning.
-
-        Mapping: layers/width/heads from ``num_hidden_layers``/``hidden_size``/
-        ``num_attention_heads`` (gpt2: ``n_layer``/``n_embd``/``n_head``); ``num_key_value_heads``;
-        ``head_dim``; ``intermediate_size`` (gpt2 ``n_inner``, opt ``ffn_dim``);
-        ``num_local_experts``/``num_experts`` and ``num_experts_per_tok``;
-        ``moe_intermediate_size``; ``decoder_sparse_step``; ``tie_word_embeddings`` (family
-        default when absent); ``hidden_act``/``activation_function`` to :class:`Activation`;
-        RMSNorm for Llama-like families (``rms_norm_eps``), LayerNorm otherwise;
-        ``max_position_embeddings`` (gpt2 ``n_positions``).
-
-        ``bias`` is True only when all attention and MLP projections have biases; partial
-        biases (Qwen2's Q/K/V biases, Llama's ``attention_bias`` without ``mlp_bias``) are
-        dropped, which undercounts parameters by well under 0.1%. Falcon-7B's single norm
-        per layer is counted as two (an overcount of ``h`` per layer).
+        The families read and how their keys map to fields are listed in
+        :mod:`perfcast.features.hf_config`; an unknown ``model_type`` is read with the
+        Llama keys and logs a warning.
 
         Args:
             path_or_dict: the config, as a file path, a directory or a parsed mapping.
@@ -485,8 +640,8 @@ class ModelSpec(BaseModel):
 
         Raises:
             SpecError: unreadable file, missing keys (all named), an unknown activation, or
-                an architecture perfcast cannot represent (shared experts, MLA, dense-only
-                layers in an MoE).
+                an architecture perfcast cannot represent (Mamba layers, MLA keys outside
+                the DeepSeek families, dense layers at arbitrary positions).
         """
         path: Path | None = None
         if isinstance(path_or_dict, Mapping):
@@ -501,11 +656,11 @@ class ModelSpec(BaseModel):
                 raise SpecError(f"{path}: expected a JSON object, got {type(data).__name__}")
             cfg = data
             where = str(path)
-        fields = _hf_fields(cfg, where)
-        fields["name"] = _hf_name(cfg, path)
+        fields = hf_model_fields(cfg, where)
+        fields["name"] = hf_name(cfg, path)
         max_pos = fields.get("max_position_embeddings")
         if seq_len is None:
-            seq_len = min(max_pos, _HF_DEFAULT_MAX_SEQ_LEN) if max_pos else 2048
+            seq_len = min(max_pos, HF_DEFAULT_MAX_SEQ_LEN) if max_pos else 2048
         fields["seq_len"] = seq_len
         try:
             return cls.model_validate(fields)
@@ -583,245 +738,3 @@ def _load_preset(model_id: str) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{where}: cannot read: {exc}") from None
     return ModelSpec.from_dict(data, where=where)
-
-
-# ---------------------------------------------------------------------- helpers
-
-
-def looks_like_hf_config(data: Any) -> bool:
-    """A JSON object with HF keys (``model_type``/``architectures``) and no perfcast fields."""
-    if not isinstance(data, Mapping) or "num_layers" in data:
-        return False
-    return "model_type" in data or "architectures" in data
-
-
-def _hf_name(cfg: Mapping[str, Any], path: Path | None = None) -> str:
-    name = cfg.get("_name_or_path")
-    if isinstance(name, str) and name:
-        return name
-    if path is not None:
-        return path.parent.name or path.stem
-    return str(cfg.get("model_type", "custom"))
-
-
-_HF_ACTIVATIONS = {
-    "gelu": Activation.GELU,
-    "gelu_new": Activation.GELU,
-    "gelu_fast": Activation.GELU,
-    "gelu_pytorch_tanh": Activation.GELU,
-    "gelu_python": Activation.GELU,
-    "gelu_accurate": Activation.GELU,
-    "gelu_10": Activation.GELU,
-    "quick_gelu": Activation.GELU,
-    "silu": Activation.SILU,
-    "swish": Activation.SILU,
-    "relu": Activation.RELU,
-}
-
-# tie_word_embeddings when the config omits it (the family's config-class default).
-_HF_TIED_DEFAULT = {
-    "gpt2": True,
-    "opt": True,
-    "falcon": True,
-    "gemma": True,
-    "gpt_neox": False,
-}
-
-_LLAMA_LIKE = {
-    "llama",
-    "mistral",
-    "mixtral",
-    "qwen2",
-    "qwen2_moe",
-    "qwen3",
-    "qwen3_moe",
-    "gemma",
-}
-
-
-class _HFReader:
-    """Reads keys of one HF config and collects every missing one for a single error."""
-
-    def __init__(self, cfg: Mapping[str, Any], where: str) -> None:
-        self.cfg = cfg
-        self.where = where
-        self.missing: list[str] = []
-
-    def req(self, *keys: str) -> Any:
-        for key in keys:
-            if self.cfg.get(key) is not None:
-                return self.cfg[key]
-        self.missing.append(" or ".join(keys))
-        return None
-
-    def opt(self, *keys: str, default: Any = None) -> Any:
-        for key in keys:
-            if self.cfg.get(key) is not None:
-                return self.cfg[key]
-        return default
-
-    def activation(self, *keys: str, default: str) -> Activation:
-        key = next((k for k in keys if self.cfg.get(k) is not None), None)
-        raw = default if key is None else self.cfg[key]
-        act = _HF_ACTIVATIONS.get(str(raw).lower())
-        if act is None:
-            allowed = ", ".join(sorted(_HF_ACTIVATIONS))
-            raise SpecError(f"{self.where}: {key}={raw!r} is not supported; allowed: {allowed}")
-        return act
-
-    def check(self) -> None:
-        if self.missing:
-            model_type = self.cfg.get("model_type", "unknown")
-            raise SpecError(f"{self.where}: missing key(s) for model_type={model_type!r}: " + ", ".join(self.missing))
-
-
-def _hf_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Map a Hugging Face config to ModelSpec fields (all but ``seq_len``)."""
-    model_type = str(cfg.get("model_type", "")).lower()
-    if model_type in ("refinedweb", "refinedwebmodel"):
-        model_type = "falcon"
-    if "kv_lora_rank" in cfg or "q_lora_rank" in cfg:
-        raise SpecError(
-            f"{where}: model_type={model_type!r} uses multi-head latent attention "
-            "(kv_lora_rank), which ModelSpec cannot represent"
-        )
-    r = _HFReader(cfg, where)
-    if model_type == "gpt2":
-        fields = _hf_gpt2(r)
-    elif model_type == "gpt_neox":
-        fields = _hf_gpt_neox(r)
-    elif model_type == "opt":
-        fields = _hf_opt(r)
-    elif model_type == "falcon":
-        fields = _hf_falcon(r)
-    else:
-        if model_type not in _LLAMA_LIKE:
-            logger.warning(
-                "%s: model_type=%r is not a known family; reading it as Llama-like",
-                where,
-                model_type or None,
-            )
-        fields = _hf_llama_like(r, model_type)
-    r.check()
-    return {k: v for k, v in fields.items() if v is not None}
-
-
-def _hf_llama_like(r: _HFReader, model_type: str) -> dict[str, Any]:
-    num_heads = r.req("num_attention_heads")
-    fields: dict[str, Any] = {
-        "num_layers": r.req("num_hidden_layers"),
-        "hidden_size": r.req("hidden_size"),
-        "num_heads": num_heads,
-        "num_kv_heads": r.opt("num_key_value_heads"),
-        "head_dim": r.opt("head_dim"),
-        "ffn_hidden_size": r.req("intermediate_size"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.opt("max_position_embeddings"),
-        "gated_mlp": True,
-        "activation": r.activation("hidden_activation", "hidden_act", default="silu"),
-        "norm": NormType.RMSNORM,
-        "position_embedding": PositionEmbedding.ROPE,
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=_HF_TIED_DEFAULT.get(model_type, False))),
-        "bias": bool(r.opt("attention_bias", default=False)) and bool(r.opt("mlp_bias", default=False)),
-    }
-    num_experts = r.opt("num_local_experts", "num_experts", default=1)
-    if isinstance(num_experts, int) and num_experts > 1:
-        shared = r.opt("shared_expert_intermediate_size", default=0)
-        if shared or r.opt("n_shared_experts", "num_shared_experts", default=0):
-            raise SpecError(
-                f"{r.where}: shared_expert_intermediate_size={shared!r}: shared experts are not "
-                "representable in ModelSpec (no num_shared_experts field)"
-            )
-        dense_only = r.opt("mlp_only_layers", default=[])
-        if dense_only:
-            raise SpecError(
-                f"{r.where}: mlp_only_layers={dense_only!r}: dense layers at arbitrary "
-                "positions are not representable; only moe_layer_freq is"
-            )
-        fields.update(
-            num_experts=num_experts,
-            top_k=r.req("num_experts_per_tok"),
-            moe_ffn_hidden_size=r.opt("moe_intermediate_size"),
-            moe_layer_freq=r.opt("decoder_sparse_step", default=1),
-        )
-    return fields
-
-
-def _hf_gpt2(r: _HFReader) -> dict[str, Any]:
-    return {
-        "num_layers": r.req("n_layer", "num_hidden_layers"),
-        "hidden_size": r.req("n_embd", "hidden_size"),
-        "num_heads": r.req("n_head", "num_attention_heads"),
-        "ffn_hidden_size": r.opt("n_inner"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.req("n_positions", "n_ctx", "max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("activation_function", default="gelu_new"),
-        "norm": NormType.LAYERNORM,
-        "position_embedding": PositionEmbedding.LEARNED,
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
-        "bias": True,
-    }
-
-
-def _hf_gpt_neox(r: _HFReader) -> dict[str, Any]:
-    return {
-        "num_layers": r.req("num_hidden_layers"),
-        "hidden_size": r.req("hidden_size"),
-        "num_heads": r.req("num_attention_heads"),
-        "ffn_hidden_size": r.req("intermediate_size"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.opt("max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("hidden_act", default="gelu"),
-        "norm": NormType.LAYERNORM,
-        "position_embedding": PositionEmbedding.ROPE,
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=False)),
-        "bias": bool(r.opt("attention_bias", default=True)),
-    }
-
-
-def _hf_opt(r: _HFReader) -> dict[str, Any]:
-    # OPT's learned position table has 2 extra rows (padding offset) and opt-350m projects
-    # a 512-wide embedding in and out; both are ignored (< 0.2% of parameters).
-    return {
-        "num_layers": r.req("num_hidden_layers"),
-        "hidden_size": r.req("hidden_size"),
-        "num_heads": r.req("num_attention_heads"),
-        "ffn_hidden_size": r.req("ffn_dim"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.req("max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("activation_function", default="relu"),
-        "norm": NormType.LAYERNORM,
-        "position_embedding": PositionEmbedding.LEARNED,
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
-        "bias": bool(r.opt("enable_bias", default=True)),
-    }
-
-
-def _hf_falcon(r: _HFReader) -> dict[str, Any]:
-    num_heads = r.req("num_attention_heads", "n_head")
-    hidden = r.req("hidden_size")
-    if r.opt("new_decoder_architecture", default=False):
-        kv_heads = r.opt("num_kv_heads", "n_head_kv", default=num_heads)
-    elif r.opt("multi_query", default=True):
-        kv_heads = 1
-    else:
-        kv_heads = num_heads
-    ffn = r.opt("ffn_hidden_size", default=4 * hidden if isinstance(hidden, int) else None)
-    return {
-        "num_layers": r.req("num_hidden_layers", "n_layer"),
-        "hidden_size": hidden,
-        "num_heads": num_heads,
-        "num_kv_heads": kv_heads,
-        "ffn_hidden_size": ffn,
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.opt("max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("activation", default="gelu"),
-        "norm": NormType.LAYERNORM,
-        "position_embedding": (PositionEmbedding.ALIBI if r.opt("alibi", default=False) else PositionEmbedding.ROPE),
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
-        "bias": bool(r.opt("bias", default=False)),
-    }

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from perfcast.data.schema import FIELD_MAX, DType, Fp8Recipe
 from perfcast.errors import SpecError
+from perfcast.features.frameworks import DEFAULT_FRAMEWORK, Framework
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 
@@ -51,8 +52,13 @@ class ParallelConfig(BaseModel):
     """Parallel degrees, batching and memory-saving options of one training run.
 
     Degrees follow Megatron-LM: ``tp`` tensor, ``pp`` pipeline, ``dp`` data, ``cp``
-    context (sequence split of attention), ``ep`` expert parallelism (experts split over
-    ``ep`` ranks of the data-parallel group). ``vpp`` is the number of virtual pipeline
+    context (sequence split of attention), ``ep`` expert parallelism and ``etp`` expert
+    tensor parallelism. As in Megatron-Core's parallel folding, the expert layers lay
+    their own ``etp x ep x edp`` grid over the ``tp x cp x dp`` ranks of one pipeline
+    stage (``edp = tp*cp*dp / (ep*etp)`` expert-data-parallel ranks): ``ep*etp`` must
+    divide ``tp*cp*dp``, experts are split ``num_experts/ep`` per rank and their GEMMs
+    over ``etp`` ranks (not ``tp``). ``etp`` defaults to 1 (Megatron-LM's own default
+    is ``tp``; state ``etp=tp`` to time such a run). ``vpp`` is the number of virtual pipeline
     stages (model chunks) per pipeline rank; ``vpp > 1`` selects the interleaved 1F1B
     schedule. Batches are counted in sequences. ``flash_attention`` (fused attention that
     keeps no score matrix) is the default of current frameworks; ``False`` models the
@@ -61,6 +67,18 @@ class ParallelConfig(BaseModel):
     microbatch's backward (Megatron-LM/NeMo ``overlap_grad_reduce``, Apex
     ``distributed_fused_adam``), so only the part longer than that backward is exposed;
     the default is the exposed sync of Megatron-DeepSpeed.
+
+    Software (``docs/frameworks.md``): ``framework`` names the training framework whose
+    shipped defaults filled the switches a row left unstated
+    (:func:`~perfcast.features.frameworks.framework_fields`); it changes nothing by
+    itself. ``tp_comm_overlap`` overlaps the sequence-parallel TP all-gathers and
+    reduce-scatters with their neighbouring GEMMs (Transformer Engine userbuffers,
+    torchtitan async TP; needs ``sequence_parallel`` when ``tp > 1``).
+    ``overlap_param_gather`` hides the ZeRO-1/2 parameter all-gather behind the next
+    forward; ``fsdp_prefetch`` hides ZeRO-3's per-layer weight gathers behind the previous
+    layer's compute; ``cuda_graphs`` removes the host dispatch floor; ``torch_compile`` is
+    recorded but not modelled. The composition rules are in
+    :mod:`perfcast.features.schedule`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -70,6 +88,7 @@ class ParallelConfig(BaseModel):
     dp: int = Field(1, ge=1, le=FIELD_MAX["dp"])
     cp: int = Field(1, ge=1, le=FIELD_MAX["cp"])
     ep: int = Field(1, ge=1, le=FIELD_MAX["ep"])
+    etp: int = Field(1, ge=1, le=FIELD_MAX["etp"])
     micro_batch: int = Field(1, ge=1, le=FIELD_MAX["micro_batch"])
     global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"])
     vpp: int = Field(1, ge=1, le=FIELD_MAX["vpp"])
@@ -86,6 +105,27 @@ class ParallelConfig(BaseModel):
     account_for_loss_in_pipeline_split: bool = False
     first_stage_layers: int | None = Field(None, ge=1, le=FIELD_MAX["first_stage_layers"])
     last_stage_layers: int | None = Field(None, ge=1, le=FIELD_MAX["last_stage_layers"])
+    framework: Framework = DEFAULT_FRAMEWORK
+    tp_comm_overlap: bool = False
+    overlap_param_gather: bool = False
+    fsdp_prefetch: bool = False
+    cuda_graphs: bool = False
+    torch_compile: bool = False
+
+    @field_validator("framework", mode="before")
+    @classmethod
+    def _parse_framework(cls, value: object) -> Framework:
+        """``framework`` in any spelling :meth:`Framework.parse` accepts."""
+        return Framework.parse(value)  # type: ignore[arg-type]
+
+    @model_validator(mode="after")
+    def _check_tp_comm_overlap(self) -> ParallelConfig:
+        if self.tp_comm_overlap and self.tp > 1 and not self.sequence_parallel:
+            raise SpecError(
+                f"tp_comm_overlap=true with tp={self.tp} needs sequence_parallel=true (userbuffers and async TP "
+                "overlap the sequence-parallel all-gather and reduce-scatter); got sequence_parallel=false"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_pipeline_split_fields(self) -> ParallelConfig:
@@ -142,12 +182,13 @@ class ParallelConfig(BaseModel):
             )
         if self.vpp > 1 and self.pp == 1:
             raise SpecError(f"vpp={self.vpp} needs pp > 1 (interleaving splits pipeline stages); got pp=1")
-        if self.ep > self.dp * self.cp:
+        block = self.tp * self.cp * self.dp
+        if block % (self.ep * self.etp):
             raise SpecError(
-                f"ep={self.ep} exceeds dp*cp={self.dp * self.cp}: experts are split over data-parallel ranks"
+                f"ep*etp={self.ep}*{self.etp}={self.ep * self.etp} does not divide tp*cp*dp={self.tp}*{self.cp}*"
+                f"{self.dp}={block}: expert ranks fold over one pipeline stage's tp*cp*dp ranks (Megatron-Core); "
+                f"allowed: ep*etp dividing {block}, so ep <= {block // self.etp} at etp={self.etp}"
             )
-        if (self.dp * self.cp) % self.ep:
-            raise SpecError(f"ep={self.ep} does not divide dp*cp={self.dp * self.cp}")
         if self.finetune is Finetune.LORA and self.lora_rank < 1:
             raise SpecError(f"finetune=lora needs lora_rank >= 1; got lora_rank={self.lora_rank}")
         if self.finetune.trains_all_weights and self.lora_rank:
@@ -158,8 +199,13 @@ class ParallelConfig(BaseModel):
 
     @property
     def world_size(self) -> int:
-        """GPUs the layout occupies: tp*pp*dp*cp (ep reuses data-parallel ranks)."""
+        """GPUs the layout occupies: tp*pp*dp*cp (ep and etp fold over the same ranks)."""
         return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def edp(self) -> int:
+        """Expert-data-parallel ranks: ``tp*cp*dp / (ep*etp)``, the ranks holding the same experts."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
     @property
     def num_microbatches(self) -> int:
@@ -198,12 +244,22 @@ def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpe
         raise SpecError(
             f"sequence_parallel needs tp={p.tp} to divide the per-rank sequence seq_len/cp={m.seq_len // p.cp}"
         )
-    if p.ep > 1 and not m.is_moe:
-        raise SpecError(f"ep={p.ep} needs a mixture-of-experts model; {m.name} has num_experts=1")
+    for name, degree in (("ep", p.ep), ("etp", p.etp)):
+        if degree > 1 and not m.is_moe:
+            raise SpecError(f"{name}={degree} needs a mixture-of-experts model; {m.name} has num_experts=1")
     if m.is_moe and m.num_experts % p.ep:
-        raise SpecError(f"ep={p.ep} does not divide num_experts={m.num_experts}")
-    if m.is_moe and m.expert_ffn_size % p.tp:
-        raise SpecError(f"tp={p.tp} does not divide the expert ffn size {m.expert_ffn_size}")
+        raise SpecError(f"ep={p.ep} does not divide num_experts={m.num_experts}; allowed: a divisor of it")
+    if m.is_moe and m.expert_ffn_size % p.etp:
+        raise SpecError(
+            f"etp={p.etp} does not divide the expert ffn size moe_ffn_hidden_size={m.expert_ffn_size} "
+            "(expert GEMMs split over etp ranks); allowed: a divisor of it"
+        )
+    if m.mla is not None and p.finetune is Finetune.LORA:
+        raise SpecError(
+            "finetune=lora with multi-head latent attention (mla) is not modelled; allowed: finetune=full or sft"
+        )
+    if m.shared_expert_ffn_size % p.tp:
+        raise SpecError(f"tp={p.tp} does not divide the shared experts' ffn size {m.shared_expert_ffn_size}")
 
 
 def padded_vocab_size(model: ModelSpec, tp: int, multiple: int = 128) -> int:

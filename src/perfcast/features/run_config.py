@@ -4,7 +4,9 @@ A row names its model by fields (``num_layers``, ``hidden_size`` ...) or by ``mo
 a preset id or a Hugging Face ``config.json`` path; fields given beside ``model``
 override the preset's (e.g. ``model=llama2-7b, seq_len=8192``). Parallel fields default
 to no parallelism; ``global_batch`` defaults to ``dp * micro_batch``; ``num_gpus``
-defaults to ``tp*pp*dp*cp``. Empty cells count as absent.
+defaults to ``tp*pp*dp*cp``. The ``framework`` (default ``megatron-deepspeed``) fills
+``zero_stage`` and the software switches a row leaves unstated
+(:func:`~perfcast.features.frameworks.framework_fields`). Empty cells count as absent.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from perfcast.data.schema import (
     check_whole_number,
     parse_flag,
 )
-from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS
+from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS
 from perfcast.errors import PerfcastError, SpecError
+from perfcast.features.frameworks import Framework, framework_fields
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.model_source import ModelSource, model_key
@@ -57,10 +60,10 @@ MODEL_FIELDS = (
 PARALLEL_FIELDS = (
     *RUN_COLUMNS[RUN_COLUMNS.index("tp") : RUN_COLUMNS.index("dtype") + 1],
     "flash_attention",
-    "overlap_grad_reduce",
     "fp8_recipe",
     "etp",
     *PIPELINE_SPLIT_COLUMNS,
+    *SOFTWARE_COLUMNS,
 )
 _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
@@ -102,6 +105,8 @@ def _present(value: Any) -> bool:
 
 def _coerce(name: str, value: Any) -> Any:
     """Turn a table cell into the type of field ``name``; SpecError names bad values."""
+    if name == "framework":
+        return Framework.parse(value)
     if name in _INT_FIELDS:
         return check_whole_number(name, value)
     if name in _BOOL_FIELDS:
@@ -235,6 +240,7 @@ class _RowParser:
             parallel_fields["lora_rank"] = DEFAULT_LORA_RANK
         parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
         _fold_mxfp8_recipe(parallel_fields)
+        parallel_fields.update(framework_fields(parallel_fields))
         key = ("parallel", *parallel_fields.items())
         parallel = self._memo(key, _validate, ParallelConfig, parallel_fields, "parallel")
 
@@ -270,7 +276,10 @@ def defaulted_names(
     by fields lists the shape fields it left to their defaults. Given the ``model``, the
     uneven-pipeline switches that :func:`~perfcast.features.parallel.pipeline_split` chose
     (``pp * vpp`` not dividing the layers, no switch stated) are listed last, by name
-    (``pipeline_layout`` for its fallback split, which no column states).
+    (``pipeline_layout`` for its fallback split, which no column states). An absent
+    ``framework`` is always listed, and so is each software switch its defaults filled
+    (:func:`~perfcast.features.frameworks.framework_fields`) where the layout has what it
+    switches (``torch_compile`` never: perfcast does not model it).
     """
     p = parallel
     relevant = {
@@ -288,6 +297,11 @@ def defaulted_names(
         "etp": model is not None and model.is_moe and p.tp > 1,
         "zero_stage": p.dp * p.cp > 1,
         "overlap_grad_reduce": p.dp * p.cp > 1,
+        "framework": True,
+        "tp_comm_overlap": p.tp > 1 and p.sequence_parallel,
+        "overlap_param_gather": p.dp * p.cp > 1 and p.zero_stage in (1, 2),
+        "fsdp_prefetch": p.dp * p.cp > 1 and p.zero_stage == 3,
+        "cuda_graphs": True,
         "num_gpus": True,
         "gpus_per_node": cluster.num_gpus > 1,
         "nvlink_domain": cluster.num_gpus > cluster.gpus_per_node,

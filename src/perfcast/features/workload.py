@@ -35,65 +35,51 @@ Layout conventions follow Megatron-LM:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from perfcast.data.schema import DType
-from perfcast.data.tables import OP_SHAPE_COLUMNS
+from perfcast.features.graph import (  # noqa: F401 (re-exported)
+    NODE_COLUMNS,
+    SHAPE_COLUMNS,
+    Phase,
+    Scope,
+    WorkloadGraph,
+)
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import Activation, ModelSpec, NormType
-from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType, op_flops, op_memory_bytes
-from perfcast.features.parallel import (
-    Finetune,
-    ParallelConfig,
-    Recompute,
-    check_layout,
-    padded_vocab_size,
-    pipeline_split,
+from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType
+from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size
+from perfcast.features.placement import (  # noqa: F401 (re-exported: the graph's group names and placement)
+    EXPERT_TP,
+    Group,
+    fabric_level,
+    group_placement,
+    group_ranks_per_node,
+)
+from perfcast.features.stage_layers import (  # noqa: F401 (re-exported)
+    busiest_rank_layers,
+    layers_per_rank,
+    trainable_params_per_rank,
 )
 
-
-class Scope:
-    """Where a graph node repeats (the ``scope`` column)."""
-
-    LAYER = "layer"  # once per dense layer on the stage, per microbatch
-    MOE_LAYER = "moe_layer"  # once per MoE layer on the stage, per microbatch
-    FIRST_STAGE = "first_stage"  # on pipeline stage 0, per microbatch
-    LAST_STAGE = "last_stage"  # on the last pipeline stage, per microbatch
-    STAGE = "stage"  # on every stage, per microbatch (pipeline transfers)
-    STEP = "step"  # once per training step
-
-
-class Phase:
-    """When a node runs (the ``phase`` column)."""
-
-    FORWARD = "fwd"
-    RECOMPUTE = "recompute"
-    BACKWARD = "bwd"
-    STEP = "step"
-
-
-class Group:
-    """Which process group a collective runs in (the ``group`` column)."""
-
-    TP = "tp"
-    CP = "cp"
-    EP = "ep"
-    PP = "pp"
-    DP = "dp"
-    EXPERT_DP = "edp"
-    EMBEDDING = "emb"
-
-
-SHAPE_COLUMNS = OP_SHAPE_COLUMNS
-NODE_COLUMNS = ("node", "name", "scope", "phase", "stream", "group", "overlap_with", "repeat", *SHAPE_COLUMNS)
-_DERIVED = {"flops": op_flops, "mem_bytes": op_memory_bytes}
-"""Node columns computed from the others: FLOPs and bytes moved to and from device memory."""
+OVERLAP_PREVIOUS_LAYER = -2
+"""``overlap_with`` of a prefetched ZeRO-3 weight gather (``fsdp_prefetch``): it runs beside the
+compute of the previous layer of its scope in its pass, and only the first layer's is exposed
+whole (the rule is in :mod:`perfcast.features.schedule`). Other nodes hold -1 (exposed) or the
+id of the node that hides them."""
+TP_OVERLAP_GEMMS = {"attn.tp_gather": "attn.qkv", "attn.tp_reduce": "attn.out", "mlp.tp_gather": "mlp.up",
+                    "mlp.tp_reduce": "mlp.down"}  # fmt: skip
+"""Under ``tp_comm_overlap`` (sequence parallelism), the GEMM of a dense layer each tensor-parallel
+collective overlaps in forward: an all-gather the column-parallel GEMM it feeds, a reduce-scatter
+the row-parallel GEMM it follows. In backward the conjugate of an all-gather (the reduce-scatter
+of the dgrad output) overlaps that GEMM's wgrad (its dgrad where the weight is frozen), the
+conjugate of a reduce-scatter its dgrad; a replay under recomputation overlaps the replayed
+GEMM. The MoE block, the LM head and the embedding keep their collectives exposed."""
 _NON_GEMM_SHAPE = ("batch", "rows", "cols", "scalar", "heads", "kv_heads", "seq_q", "seq_kv", "head_dim", "causal")
 """Shape fields a vector or attention op's backward keeps from its forward."""
 _CONJUGATE = {
@@ -103,145 +89,6 @@ _CONJUGATE = {
     OpType.ALLTOALL: OpType.ALLTOALL,
     OpType.SENDRECV: OpType.SENDRECV,
 }
-
-
-class WorkloadGraph:
-    """The op graph of one training step (see the module docstring). Read-only.
-
-    Attributes:
-        nodes: one row per op, columns ``NODE_COLUMNS`` plus ``flops`` and ``mem_bytes``
-            (bytes moved to and from device memory).
-        edges: ``src``, ``dst`` node ids: ``dst`` starts after ``src`` ends.
-        dense_layers_per_stage, moe_layers_per_stage: layers on the busiest stage (the
-            pipeline rank holding the most layers).
-        num_microbatches, pp, vpp: the pipeline schedule's parameters.
-        stage_layers: ``(dense, moe)`` layers of each pipeline rank when ranks differ
-            (:func:`layers_per_rank`); ``None`` when every rank holds the busiest stage's.
-
-    ``nodes`` and ``edges`` may be given as frames, or (what :func:`build_workload_graph`
-    does) as the ``NODE_COLUMNS`` (numpy arrays) and the ``(src, dst)`` pairs: the frames,
-    ``flops`` and ``mem_bytes`` are then computed on first access, and :meth:`column` reads
-    the arrays without building the frame.
-    """
-
-    def __init__(
-        self,
-        nodes: pd.DataFrame | Mapping[str, np.ndarray],
-        edges: pd.DataFrame | Sequence[tuple[int, int]],
-        dense_layers_per_stage: int,
-        moe_layers_per_stage: int,
-        num_microbatches: int,
-        pp: int,
-        vpp: int,
-        stage_layers: tuple[tuple[int, int], ...] | None = None,
-    ) -> None:
-        if isinstance(nodes, pd.DataFrame):
-            self._nodes: pd.DataFrame | None = nodes
-            self._columns: dict[str, np.ndarray] = {}
-            self.num_nodes = len(nodes)
-        else:
-            self._nodes, self._columns = None, dict(nodes)
-            self.num_nodes = len(self._columns["node"])
-        self._edges = edges
-        self.dense_layers_per_stage = dense_layers_per_stage
-        self.moe_layers_per_stage = moe_layers_per_stage
-        self.num_microbatches = num_microbatches
-        self.pp = pp
-        self.vpp = vpp
-        self.stage_layers = stage_layers
-
-    @property
-    def nodes(self) -> pd.DataFrame:
-        """One row per op (see the class docstring)."""
-        if self._nodes is None:
-            self._nodes = pd.DataFrame({name: self.column(name) for name in (*NODE_COLUMNS, *_DERIVED)})
-        return self._nodes
-
-    @property
-    def edges(self) -> pd.DataFrame:
-        """``src``, ``dst`` node ids."""
-        if not isinstance(self._edges, pd.DataFrame):
-            self._edges = pd.DataFrame(self._edges, columns=["src", "dst"], dtype="int64")
-        return self._edges
-
-    def column(self, name: str) -> np.ndarray:
-        """Node column ``name`` as a numpy array (strings as objects), cached: read it, do not modify it."""
-        if name not in self._columns:
-            if self._nodes is None and name in _DERIVED:
-                self._columns[name] = _DERIVED[name](self._columns)
-            else:
-                self._columns[name] = self.nodes[name].to_numpy()
-        return self._columns[name]
-
-    def scope_multiplicity(self) -> dict[str, int]:
-        """Executions of each scope per microbatch on one stage (step scope: per step)."""
-        return {
-            Scope.LAYER: self.dense_layers_per_stage,
-            Scope.MOE_LAYER: self.moe_layers_per_stage,
-            Scope.FIRST_STAGE: 1,
-            Scope.LAST_STAGE: 1,
-            Scope.STAGE: 1,
-            Scope.STEP: 1,
-        }
-
-    def unique_ops(self) -> tuple[pd.DataFrame, np.ndarray]:
-        """Distinct ops (identical shapes predicted once) and each node's row in them."""
-        keys = self.nodes.loc[:, list(SHAPE_COLUMNS)].astype(str).agg("|".join, axis=1)
-        codes, uniques = pd.factorize(keys)
-        first = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
-        ops = self.nodes.iloc[first].loc[:, list(SHAPE_COLUMNS) + ["flops", "mem_bytes"]]
-        return ops.reset_index(drop=True), codes
-
-    def total_flops(self) -> float:
-        """FLOPs executed by one GPU of the busiest stage in one step."""
-        mult = self.nodes["scope"].map(self.scope_multiplicity()).to_numpy(dtype=float)
-        per_mb = self.nodes["scope"].ne(Scope.STEP).to_numpy()
-        steps = np.where(per_mb, self.num_microbatches, 1.0)
-        return float((self.nodes["flops"] * self.nodes["repeat"] * mult * steps).sum())
-
-
-def group_ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
-    """Ranks of a process group (rank stride ``stride``, ``size`` ranks) inside one NVLink
-    domain of ``gpus_per_node`` GPUs: the most that fit, rounded down to a divisor of
-    ``size`` so every domain holds the same share (a 32-rank group over 72-GPU racks at
-    stride 4 keeps 16 per rack, as a launcher placing whole groups would)."""
-    if size <= 1:
-        return 1
-    fit = max(1, min(size, gpus_per_node // max(stride, 1)))
-    return max(d for d in range(1, fit + 1) if size % d == 0)
-
-
-def group_placement(parallel: ParallelConfig, nvlink_domain: int) -> dict[str, tuple[int, int]]:
-    """Each process group's (ranks, ranks inside one NVLink domain) under Megatron's rank
-    order (tp innermost, then cp, dp with expert ranks folded over it, pp outermost).
-
-    ``pp`` and ``emb`` are point-to-point pairs (neighbouring stages; first and last
-    stage), inside one domain when the ranks between them fit in it.
-    """
-    p, d = parallel, nvlink_domain
-    dp_ranks = p.dp * p.cp
-    edp_ranks = max(1, dp_ranks // p.ep)
-    return {
-        Group.TP: (p.tp, group_ranks_per_node(1, p.tp, d)),
-        Group.CP: (p.cp, group_ranks_per_node(p.tp, p.cp, d)),
-        Group.EP: (p.ep, group_ranks_per_node(p.tp * p.cp, p.ep, d)),
-        Group.DP: (dp_ranks, group_ranks_per_node(p.tp, dp_ranks, d)),
-        Group.EXPERT_DP: (edp_ranks, group_ranks_per_node(p.tp * p.ep, edp_ranks, d)),
-        Group.PP: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp < d else 1),
-        Group.EMBEDDING: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp * (p.pp - 1) < d else 1),
-    }
-
-
-def fabric_level(n_ranks: int, ranks_in_domain: int, fabric: str | None) -> str:
-    """The links a collective of ``n_ranks`` crosses: ``nvlink`` inside one domain, the
-    scale-out ``fabric`` id when each domain holds one rank, both joined by ``+`` otherwise;
-    "" for a group of one rank (no communication)."""
-    if n_ranks <= 1:
-        return ""
-    if ranks_in_domain >= n_ranks:
-        return "nvlink"
-    outside = fabric or "scale-out"
-    return outside if ranks_in_domain <= 1 else f"nvlink+{outside}"
 
 
 class _Builder:
@@ -319,7 +166,10 @@ _OP_INFO = {
 }
 """Per op: its name, its stream, and whether it runs in the config's dtype (GEMMs, attention) or the vector dtype."""
 _OP_BY_NAME = {op.value: op for op in OpType}
-QUANTIZED_GEMMS = frozenset({"attn.qkv", "attn.out", "mlp.up", "mlp.down", "moe.up", "moe.down"})
+QUANTIZED_GEMMS = frozenset({
+    "attn.qkv", "attn.out", "mlp.up", "mlp.down", "moe.up", "moe.down", "attn.q", "attn.q_down", "attn.q_up",
+    "attn.kv_down", "attn.kv_up", "moe.shared_up", "moe.shared_down", "mtp.proj",
+})  # fmt: skip
 """GEMMs (with their dgrad, wgrad and recompute) that run in a low-precision run's dtype (fp8, mxfp8,
 nvfp4, mxfp4): the transformer layers' linear projections. The attention core, LM head, MoE router
 and LoRA adapters stay bf16, as in Transformer Engine and torchao float8 training."""
@@ -404,25 +254,6 @@ def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: Cl
     )
 
 
-def layers_per_rank(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, int], ...]:
-    """``(dense, moe)`` transformer layers of each pipeline rank, rank 0 first.
-
-    A rank holds the layers :func:`~perfcast.features.parallel.pipeline_split` gives it,
-    ``n`` in all; of those, ``ceil(n * num_moe_layers / num_layers)`` are MoE layers (the
-    model's MoE share, rounded up: the busier case), the rest dense.
-
-    Raises:
-        SpecError: the layout's pipeline split does not fit the model.
-    """
-    moe, total = model.num_moe_layers if model.is_moe else 0, model.num_layers
-    return tuple((n - -(-n * moe // total), -(-n * moe // total)) for n in pipeline_split(total, parallel).rank_layers)
-
-
-def busiest_rank_layers(ranks: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """The ``(dense, moe)`` layers of the rank holding the most layers (the first of equals)."""
-    return max(ranks, key=sum)
-
-
 def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...]:
     """What a graph's per-microbatch nodes (all but the ``step`` scope) depend on besides the
     model, apart from ``vpp`` and ``recompute`` (:func:`body_variant` applies those): configs
@@ -437,8 +268,9 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     p = parallel
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
-    return (p.tp, p.pp, p.cp, p.ep, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
-            p.flash_attention, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p))  # fmt: skip
+    overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0)
+    return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
+            p.flash_attention, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p), *overlaps)  # fmt: skip
 
 
 def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
@@ -481,10 +313,13 @@ def body_variant(
     """
     n, k = len(nodes["node"]), len(replayed)
     repeat = np.where(nodes["group"] == Group.PP, vpp, nodes["repeat"])
+    replay_of = np.full(n, -1, dtype=np.int64)  # a replayed node's overlap partner is its partner's replay
+    replay_of[replayed] = n + np.arange(k)
+    target = nodes["overlap_with"][replayed].astype(np.int64)
     return np.concatenate([np.arange(n), replayed]), {
         "repeat": np.concatenate([repeat, repeat[replayed]]),
         "phase": np.concatenate([nodes["phase"], np.full(k, Phase.RECOMPUTE, dtype=object)]),
-        "overlap_with": np.concatenate([nodes["overlap_with"], np.full(k, -1, dtype=np.int64)]),
+        "overlap_with": np.concatenate([nodes["overlap_with"], np.where(target >= 0, replay_of[target], -1)]),
     }
 
 
@@ -492,8 +327,8 @@ def step_ops_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...
     """What :func:`build_step_ops` depends on besides the model: configs of one model with
     equal keys have identical step nodes."""
     p = parallel
-    return (p.tp, p.pp, p.cp, p.ep, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node, p.vpp,
-            *pipeline_split_key(p))  # fmt: skip
+    return (p.tp, p.pp, p.cp, p.ep, p.etp, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node,
+            p.vpp, *pipeline_split_key(p))  # fmt: skip
 
 
 def build_step_ops(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
@@ -563,17 +398,22 @@ def _add_layer_forward(
             scope,
             Phase.FORWARD,
             OpType.ALLGATHER,
+            overlap_with=OVERLAP_PREVIOUS_LAYER if p.fsdp_prefetch else -1,
             group=Group.DP,
             bytes=layer_params // tp * _grad_bytes(p),
             n_ranks=p.dp * p.cp,
             ranks_per_node=group_placement(p, gpus_per_node)[Group.DP][1],
         )
-    qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
+    if model.mla is None:
+        qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
+    else:
+        qkv = _add_latent_qkv(b, model, scope, t, heads)
     if p.finetune is Finetune.LORA:
         _add_lora(b, scope, "attn.qkv", t, h, (heads + 2 * kv) * hd, p.lora_rank)
     attn_id = len(b.rows) + (1 if p.cp > 1 else 0)
     if p.cp > 1:
-        kv_bytes = 2 * p.micro_batch * (model.seq_len // p.cp) * kv * hd * ctx.act_bytes
+        kv_width = kv * (model.qk_head_size + model.v_head_size)  # K and V of the rank's heads
+        kv_bytes = p.micro_batch * (model.seq_len // p.cp) * kv_width * ctx.act_bytes
         b.add(
             "attn.cp_exchange",
             scope,
@@ -589,13 +429,17 @@ def _add_layer_forward(
         b.edges.append((qkv, len(b.rows) - 1))
         b.edges.append((len(b.rows) - 1, attn_id))
     _add_attention_core(b, scope, model, p, heads, kv)
-    b.add("attn.out", scope, Phase.FORWARD, gemm, batch=1, m=t, k=heads * hd, n=h)
+    b.add("attn.out", scope, Phase.FORWARD, gemm, batch=1, m=t, k=heads * model.v_head_size, n=h)
     if p.finetune is Finetune.LORA:
         _add_lora(b, scope, "attn.out", t, heads * hd, h, p.lora_rank)
     _tp_collective(b, "attn.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
     b.add("attn.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
     b.add("mlp.norm", scope, Phase.FORWARD, _norm_op(model), rows=ctx.vec_rows, cols=h)
-    if ctx.sp:
+    # With etp != tp the routed experts take the rank's 1/tp share of the tokens (Megatron-Core
+    # runs MoE layers sequence-parallel); the layer's tp collectives then serve the shared
+    # experts, or rebuild the replicated activations without sequence parallelism.
+    mlp_tp = not moe or p.etp == p.tp or not ctx.sp or model.num_shared_experts > 0
+    if ctx.sp and mlp_tp:
         _tp_collective(b, "mlp.tp_gather", scope, ctx, OpType.ALLGATHER)
     if moe:
         _add_experts(b, model, p, ctx, gpus_per_node)
@@ -606,9 +450,13 @@ def _add_layer_forward(
         if model.gated_mlp:
             b.add("mlp.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=t, cols=f)
         b.add("mlp.down", scope, Phase.FORWARD, gemm, batch=1, m=t, k=f, n=h)
-    _tp_collective(b, "mlp.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
+    if mlp_tp:
+        _tp_collective(b, "mlp.tp_reduce", scope, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
     b.add("mlp.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
-    return list(range(first, len(b.rows)))
+    ids = list(range(first, len(b.rows)))
+    if p.tp_comm_overlap and ctx.sp:
+        _overlap_tp_forward(b, ids)
+    return ids
 
 
 def _add_attention_core(b: _Builder, scope: str, model: ModelSpec, p: ParallelConfig, heads: int, kv: int) -> None:
@@ -617,26 +465,63 @@ def _add_attention_core(b: _Builder, scope: str, model: ModelSpec, p: ParallelCo
     Unfused (``flash_attention=False``), K and V are broadcast to every query head and
     the full score matrix is computed and normalised in memory, causal mask or not.
     """
-    s_q, s_kv, hd = model.seq_len // p.cp, model.seq_len, model.head_size
-    if p.flash_attention:
-        b.add(
-            "attn.core",
-            scope,
-            Phase.FORWARD,
-            OpType.ATTENTION,
-            batch=p.micro_batch,
-            heads=heads,
-            kv_heads=kv,
-            seq_q=s_q,
-            seq_kv=s_kv,
-            head_dim=hd,
-            causal=True,
-        )
-        return
-    batch = p.micro_batch * heads
-    b.add("attn.core.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=s_kv)
-    b.add("attn.core.softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=batch * s_q, cols=s_kv)
-    b.add("attn.core.context", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=s_kv, n=hd)
+    s_q, s_kv = model.seq_len // p.cp, model.seq_len
+    hd = (model.qk_head_size + model.v_head_size) // 2  # MLA: the FLOP-equal mean of the Q/K and V head sizes
+    for name, n_heads, n_kv, keys, causal in _attention_parts(model, heads, kv, s_kv):
+        if p.flash_attention:
+            b.add(name, scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=n_heads, kv_heads=n_kv,
+                  seq_q=s_q, seq_kv=keys, head_dim=hd, causal=causal)  # fmt: skip
+            continue
+        batch = p.micro_batch * n_heads
+        b.add(f"{name}.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=keys)
+        b.add(f"{name}.softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=batch * s_q, cols=keys)
+        b.add(f"{name}.context", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=keys, n=hd)
+
+
+def _attention_parts(model: ModelSpec, heads: int, kv: int, s_kv: int) -> list[tuple[str, int, int, int, bool]]:
+    """(name, heads, kv heads, keys, causal) of a layer template's attention cores.
+
+    One causal core over ``s_kv`` keys; when ``sliding_window_layers`` of the layers use a
+    window, the template stands for their average: that share of the heads (whole KV
+    groups where there are several KV heads) attends non-causally to ``min(window, s_kv)``
+    keys in ``attn.core_window`` (the cost of a causal sliding window once the sequence
+    is longer than it), the rest to all ``s_kv``.
+    """
+    share = model.num_window_layers / model.num_layers
+    full = ("attn.core", heads, kv, s_kv, True)
+    if not share:
+        return [full]
+    window = min(model.sliding_window or s_kv, s_kv)
+    if kv > 1:
+        kv_w = round(kv * share)
+        heads_w, kv_w, kv_f = kv_w * (heads // kv), kv_w, kv - kv_w
+    else:
+        heads_w = round(heads * share)
+        kv_w = kv_f = kv
+    if heads_w <= 0:
+        return [full]
+    if heads_w >= heads:
+        return [("attn.core_window", heads, kv, window, False)]
+    return [("attn.core", heads - heads_w, kv_f, s_kv, True), ("attn.core_window", heads_w, kv_w, window, False)]
+
+
+def _add_latent_qkv(b: _Builder, model: ModelSpec, scope: str, t: int, heads: int) -> int:
+    """Multi-head latent attention's Q and K/V projections (``heads`` per rank); returns the last node.
+
+    The down projections to the latents are replicated over tp ranks (as in Megatron-Core's
+    MLA), the up projections split by heads.
+    """
+    m, h, gemm = model.mla, model.hidden_size, _gemm_op(model)
+    if m.q_lora_rank is None:
+        b.add("attn.q", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=heads * m.qk_head_dim)
+    else:
+        b.add("attn.q_down", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=m.q_lora_rank)
+        b.add("attn.q_norm", scope, Phase.FORWARD, _norm_op(model), rows=t, cols=m.q_lora_rank)
+        b.add("attn.q_up", scope, Phase.FORWARD, gemm, batch=1, m=t, k=m.q_lora_rank, n=heads * m.qk_head_dim)
+    b.add("attn.kv_down", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=m.kv_lora_rank + m.qk_rope_head_dim)
+    b.add("attn.kv_norm", scope, Phase.FORWARD, _norm_op(model), rows=t, cols=m.kv_lora_rank)
+    return b.add("attn.kv_up", scope, Phase.FORWARD, gemm, batch=1, m=t, k=m.kv_lora_rank,
+                 n=heads * (m.qk_nope_head_dim + m.v_head_dim))  # fmt: skip
 
 
 def _add_lora(b: _Builder, scope: str, base: str, tokens: int, d_in: int, d_out: int, rank: int) -> None:
@@ -645,29 +530,52 @@ def _add_lora(b: _Builder, scope: str, base: str, tokens: int, d_in: int, d_out:
 
 
 def _add_experts(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx, gpus_per_node: int) -> None:
-    scope, h, t = Scope.MOE_LAYER, model.hidden_size, ctx.tokens
-    local = model.num_experts // p.ep
-    routed = t * model.top_k  # token copies this rank processes after dispatch (balanced routing)
-    per_expert = -(-routed // local)
-    f = model.expert_ffn_size // p.tp
-    ep_rpn = group_placement(p, gpus_per_node)[Group.EP][1]
+    """Router, shared experts, token dispatch, routed experts and combine of one MoE layer.
 
-    def alltoall(name: str) -> None:
-        """Token exchange with the other expert-parallel ranks (dispatch or combine)."""
-        if p.ep > 1:
-            b.add(name, scope, Phase.FORWARD, OpType.ALLTOALL, group=Group.EP, bytes=routed * h * ctx.act_bytes,
-                  n_ranks=p.ep, ranks_per_node=ep_rpn)  # fmt: skip
+    With ``etp == tp`` the experts take the layer's ``t`` tokens and split their GEMMs
+    over the tp ranks. Otherwise each rank routes its ``t/tp`` share; with ``etp > 1`` the
+    dispatched tokens are all-gathered over the etp ranks before the expert GEMMs (split
+    ``etp`` ways) and reduce-scattered after (timed in the ``ep`` group). Shared experts run
+    on all ``t`` tokens, split over tp.
+    """
+    scope, h = Scope.MOE_LAYER, model.hidden_size
+    t = ctx.tokens if p.etp == p.tp else ctx.tokens // p.tp
+    local = model.num_experts // p.ep
+    sent = t * model.top_k  # token copies this rank dispatches (balanced routing)
+    routed = sent * (p.etp if p.etp != p.tp else 1)  # token copies its experts process
+    per_expert = -(-routed // local)
+    f = model.expert_ffn_size // p.etp
+    placement = group_placement(p, gpus_per_node)
+
+    def exchange(name: str, op: OpType, ranks: int, key: str, size: int) -> None:
+        """Token exchange among expert ranks (dispatch, combine, etp gather/scatter): ``size`` token copies."""
+        if ranks > 1:
+            b.add(name, scope, Phase.FORWARD, op, group=Group.EP, bytes=size * h * ctx.act_bytes, n_ranks=ranks,
+                  ranks_per_node=placement[key][1])  # fmt: skip
 
     b.add("moe.router", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=model.num_experts)
     b.add("moe.router_softmax", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=model.num_experts)
-    alltoall("moe.dispatch")
+    if model.num_shared_experts:
+        fs, dense = model.shared_expert_ffn_size // p.tp, _gemm_op(model)
+        b.add("moe.shared_up", scope, Phase.FORWARD, dense, batch=1, m=ctx.tokens, k=h,
+              n=fs * (2 if model.gated_mlp else 1))  # fmt: skip
+        b.add("moe.shared_act", scope, Phase.FORWARD, _activation_op(model), rows=ctx.tokens, cols=fs)
+        if model.gated_mlp:
+            b.add("moe.shared_gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=ctx.tokens, cols=fs)
+        b.add("moe.shared_down", scope, Phase.FORWARD, dense, batch=1, m=ctx.tokens, k=fs, n=h)
+    exchange("moe.dispatch", OpType.ALLTOALL, p.ep, Group.EP, sent)
+    etp_split = p.etp != p.tp
+    if etp_split:
+        exchange("moe.etp_gather", OpType.ALLGATHER, p.etp, EXPERT_TP, routed)
     gemm = _gemm_op(model, local)
     b.add("moe.up", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=h, n=f * (2 if model.gated_mlp else 1))
     b.add("moe.act", scope, Phase.FORWARD, _activation_op(model), rows=routed, cols=f)
     if model.gated_mlp:
         b.add("moe.gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=routed, cols=f)
     b.add("moe.down", scope, Phase.FORWARD, gemm, batch=local, m=per_expert, k=f, n=h)
-    alltoall("moe.combine")
+    if etp_split:
+        exchange("moe.etp_scatter", OpType.REDUCESCATTER, p.etp, EXPERT_TP, routed)
+    exchange("moe.combine", OpType.ALLTOALL, p.ep, Group.EP, sent)
 
 
 def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> list[int]:
@@ -679,6 +587,11 @@ def _add_head_forward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ct
         _tp_collective(b, "head.tp_gather", scope, ctx, OpType.ALLGATHER)
     b.add("head.logits", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=vocab)
     b.add("head.loss", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=vocab)
+    for _ in range(model.mtp_layers):  # each module's layer is counted among the last rank's layers
+        b.add("mtp.norm", scope, Phase.FORWARD, _norm_op(model), rows=2 * ctx.vec_rows, cols=h)
+        b.add("mtp.proj", scope, Phase.FORWARD, _gemm_op(model), batch=1, m=t, k=2 * h, n=h // p.tp)
+        b.add("mtp.logits", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=t, k=h, n=vocab)
+        b.add("mtp.loss", scope, Phase.FORWARD, OpType.SOFTMAX, rows=t, cols=vocab)
     return list(range(first, len(b.rows)))
 
 
@@ -733,17 +646,45 @@ def _add_backward(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
                 )
                 b.edges.append((b.last, len(b.rows) - 1))
             elif name == "zero3.param_gather":  # weights are gathered again for the backward
-                b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, bytes=row["bytes"], **comm)
+                b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, bytes=row["bytes"], overlap_with=row["overlap_with"],
+                      **comm)  # fmt: skip
             else:
                 b.add(f"{name}.bwd", scope, Phase.BACKWARD, _CONJUGATE[op], bytes=row["bytes"], **comm)
         else:
             shape = {k: row[k] for k in _NON_GEMM_SHAPE if k in row}
             b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, backward=True, **shape)
+    _overlap_tp_backward(b, fwd_ids, bwd_of)
+
+
+def _overlap_tp_forward(b: _Builder, ids: list[int]) -> None:
+    """Point the tensor-parallel collectives among nodes ``ids`` at the GEMMs they overlap
+    (:data:`TP_OVERLAP_GEMMS`)."""
+    by_name = {b.rows[i]["name"]: i for i in ids}
+    for collective, gemm in TP_OVERLAP_GEMMS.items():
+        if collective in by_name and gemm in by_name:
+            b.rows[by_name[collective]]["overlap_with"] = by_name[gemm]
+
+
+def _overlap_tp_backward(b: _Builder, fwd_ids: list[int], bwd_of: dict[int, int]) -> None:
+    """Point the backward of each overlapped tensor-parallel collective of ``fwd_ids`` at its
+    GEMM's wgrad or dgrad (:data:`TP_OVERLAP_GEMMS`); ``bwd_of`` maps forward nodes to their
+    first backward node."""
+    added = {b.rows[i]["name"]: i for i in range(min(bwd_of.values(), default=len(b.rows)), len(b.rows))}
+    for node in fwd_ids:
+        row = b.rows[node]
+        if row["group"] != Group.TP or row["overlap_with"] < 0 or node not in bwd_of:
+            continue
+        gemm = b.rows[row["overlap_with"]]["name"]
+        wgrad = added.get(f"{gemm}.wgrad") if row["op"] == OpType.ALLGATHER.value else None
+        partner = wgrad if wgrad is not None else added.get(f"{gemm}.dgrad")
+        if partner is not None:
+            b.rows[bwd_of[node]]["overlap_with"] = partner
 
 
 def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
     if p.recompute is Recompute.NONE:
         return
+    replay_of: dict[int, int] = {}
     for node in fwd_ids:
         row = dict(b.rows[node])
         if p.recompute is Recompute.SELECTIVE and not row["name"].startswith("attn.core"):
@@ -752,7 +693,12 @@ def _add_recompute(b: _Builder, fwd_ids: list[int], p: ParallelConfig) -> None:
             continue  # weights and K/V of the forward are still at hand
         fields = {k: v for k, v in row.items() if k not in ("node", "name", "scope", "phase", "stream", "op", "dtype")}
         fields["overlap_with"] = -1
-        b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, _OP_BY_NAME[row["op"]], **fields)
+        replay_of[node] = b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, _OP_BY_NAME[row["op"]],
+                                **fields)  # fmt: skip
+    for node, replay in replay_of.items():  # an overlapped collective's replay overlaps its GEMM's replay
+        target = b.rows[node]["overlap_with"]
+        if target in replay_of:
+            b.rows[replay]["overlap_with"] = replay_of[target]
 
 
 def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ctx: _Ctx) -> None:
@@ -784,49 +730,12 @@ def _grad_bytes(p: ParallelConfig) -> int:
     return 4 if p.dtype in (DType.FP32, DType.TF32) else 2
 
 
-def trainable_params_per_rank(
-    model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
-) -> tuple[int, int]:
-    """(non-expert, expert) trainable parameters one GPU of a pipeline stage holds.
-
-    ``rank=None`` is the busiest stage. When every rank holds the same layers, that is
-    the first stage with the input embedding (also the last when ``pp == 1``); with
-    untied embeddings and ``pp > 1`` the last stage's LM head is usually as large, and the
-    maximum of the two is taken. When ranks differ (:func:`layers_per_rank`) it is the
-    rank with the most parameters, its own embedding or LM head included. ``rank`` picks
-    pipeline rank ``rank`` instead. ``finetune`` overrides the layout's
-    (``Finetune.FULL``: all parameters of the rank).
-    """
-    ranks = layers_per_rank(model, p)
-    if rank is None and len(set(ranks)) > 1:
-        per_rank = [trainable_params_per_rank(model, p, finetune=finetune, rank=r) for r in range(p.pp)]
-        return max(per_rank, key=sum)
-    dense_layers, moe_layers = ranks[rank] if rank is not None else ranks[0]
-    if (finetune or p.finetune) is Finetune.LORA:
-        qkv_out = model.head_size * (model.num_heads + 2 * model.kv_heads)
-        per_layer = p.lora_rank * (model.hidden_size + qkv_out) + p.lora_rank * (
-            model.head_size * model.num_heads + model.hidden_size
-        )
-        return per_layer * (dense_layers + moe_layers) // p.tp, 0
-    dense = dense_layers * (model.attention_params_per_layer + model.mlp_params_per_layer + model.norm_params_per_layer)
-    moe_shared = moe_layers * (model.attention_params_per_layer + model.norm_params_per_layer)
-    experts = moe_layers * model.moe_params_per_layer
-    vocab_rows = padded_vocab_size(model, p.tp) * model.hidden_size
-    first = model.embedding_params - model.vocab_size * model.hidden_size + vocab_rows
-    last = 0 if model.tied_embeddings and p.pp == 1 else vocab_rows
-    if rank is None:
-        ends = first + last if p.pp == 1 else max(first, last)
-    else:
-        ends = (first if rank == 0 else 0) + (last if rank == p.pp - 1 else 0)
-    return (dense + moe_shared + ends) // p.tp, experts // (p.tp * p.ep)
-
-
 def _add_step_ops(b: _Builder, model: ModelSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
     g = cluster.nvlink_domain
     dense, expert = trainable_params_per_rank(model, p)
     gb = _grad_bytes(p)
     dp_ranks = p.dp * p.cp
-    edp_ranks = dp_ranks // p.ep
+    edp_ranks = p.edp
     placement = group_placement(p, g)
     groups = [(Group.DP, dense, dp_ranks, placement[Group.DP][1])]
     if expert:

@@ -130,6 +130,7 @@ class RunRow(BaseModel):
     dp: int | None = _size("dp")
     cp: int | None = _size("cp")
     ep: int | None = _size("ep")
+    etp: int | None = _size("etp", "Expert tensor parallelism (ep*etp folds over tp*cp*dp); default 1")
     micro_batch: int | None = _size("micro_batch")
     global_batch: int | None = _size("global_batch")
     vpp: int | None = _size("vpp")
@@ -152,6 +153,17 @@ class RunRow(BaseModel):
     )
     first_stage_layers: int | None = _size("first_stage_layers", "Layers of the first pipeline stage")
     last_stage_layers: int | None = _size("last_stage_layers", "Layers of the last pipeline stage")
+    framework: str | None = Field(
+        None,
+        max_length=64,
+        description="megatron-core, megatron-deepspeed (default), torchtitan, pytorch-fsdp or deepspeed; "
+        "its shipped defaults fill the unstated switches (docs/frameworks.md)",
+    )
+    tp_comm_overlap: bool | None = Field(None, description="TP collectives overlapped with GEMMs (async TP)")
+    overlap_param_gather: bool | None = Field(None, description="ZeRO-1/2 parameter all-gather behind the next forward")
+    fsdp_prefetch: bool | None = Field(None, description="ZeRO-3/FSDP weight gathers behind the previous layer")
+    cuda_graphs: bool | None = Field(None, description="CUDA graphs: no host dispatch floor")
+    torch_compile: bool | None = Field(None, description="torch.compile (recorded, not modelled)")
     gpu: str = Field(..., max_length=200, description="Catalog id or device name")
     num_gpus: int | None = _size("num_gpus")
     gpus_per_node: int | None = _size("gpus_per_node")
