@@ -16,7 +16,7 @@ def test_evaluate_ops_prints_and_writes_the_table(tmp_path: Path) -> None:
     data = write_dataset(tmp_path / "ds", source="synthetic", how_measured="generated", ops=records)
     out = tmp_path / "logo.md"
     result = CliRunner().invoke(
-        app, ["evaluate", "ops", "--data", str(data), "-o", str(out), "--n-estimators", "10",
+        app, ["evaluate", "logo", "--data", str(data), "-o", str(out), "--n-estimators", "10",
               "--max-rows-per-gpu", "100"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -26,5 +26,5 @@ def test_evaluate_ops_prints_and_writes_the_table(tmp_path: Path) -> None:
 def test_one_gpu_is_not_enough(tmp_path: Path) -> None:
     records = synthetic_op_records(n_per_gpu=40, gpus=("t4",))
     data = write_dataset(tmp_path / "ds", source="synthetic", how_measured="generated", ops=records)
-    result = CliRunner().invoke(app, ["evaluate", "ops", "--data", str(data)])
+    result = CliRunner().invoke(app, ["evaluate", "logo", "--data", str(data)])
     assert result.exit_code == 2 and "at least two GPUs" in result.output

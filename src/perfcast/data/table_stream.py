@@ -83,7 +83,7 @@ def iter_table_chunks(path: str | Path, chunk_rows: int = DEFAULT_CHUNK_ROWS) ->
         if fmt == "csv":
             blocks: Iterator[pd.DataFrame] = pd.read_csv(path, chunksize=chunk_rows)
         elif fmt == "jsonl":
-            blocks = pd.read_json(path, lines=True, chunksize=chunk_rows, dtype=False, convert_dates=False)
+            blocks = pd.read_json(path, lines=True, chunksize=chunk_rows, dtype=False)
         elif fmt == "json":  # one array: read whole
             whole = read_table(path)
             blocks = iter([whole.iloc[i : i + chunk_rows] for i in range(0, max(len(whole), 1), chunk_rows)])

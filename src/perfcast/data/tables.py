@@ -185,7 +185,7 @@ def table_text(df: pd.DataFrame, fmt: str, *, first: bool) -> str:
 
 
 def _read_json_table(path: Path, fmt: str) -> pd.DataFrame:
-    return pd.read_json(path, orient="records", lines=fmt == "jsonl", dtype=False, convert_dates=False)
+    return pd.read_json(path, orient="records", lines=fmt == "jsonl", dtype=False)
 
 
 def read_errors() -> tuple[type[BaseException], ...]:

@@ -75,3 +75,28 @@ def importance_plot(importance: Mapping[str, Mapping[str, float]], top: int = 15
         ax.tick_params(labelsize=7)
     fig.tight_layout()
     return fig
+
+
+def measured_parity_plot(rows: pd.DataFrame, pred_col: str, lo_col: str, hi_col: str, group: str, title: str) -> Figure:
+    """Predicted against measured time (log-log) of a user's measured rows, with each row's
+    interval as an error bar, one colour per ``group`` value, the 1:1 line and a ±20% band."""
+    answered = rows[rows[pred_col].notna()]
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    groups = list(answered.groupby(group, dropna=False))
+    for name, block in groups[:12]:
+        lo, hi = block[lo_col].to_numpy(float), block[hi_col].to_numpy(float)
+        pred = block[pred_col].to_numpy(float)
+        yerr = np.vstack([pred - lo, hi - pred]) if np.isfinite(lo).all() and np.isfinite(hi).all() else None
+        ax.errorbar(block["measured_ms"], pred, yerr=yerr, fmt="o", ms=3, alpha=0.6, elinewidth=0.6, label=str(name))
+    if len(groups) > 12:
+        rest = pd.concat([b for _, b in groups[12:]])
+        ax.scatter(rest["measured_ms"], rest[pred_col], s=6, alpha=0.4, color="grey", label="other")
+    low = float(min(answered["measured_ms"].min(), answered[pred_col].min()))
+    high = float(max(answered["measured_ms"].max(), answered[pred_col].max()))
+    line = np.array([low / 1.5, high * 1.5])
+    ax.plot(line, line, color="black", lw=1, label="measured = predicted")
+    ax.fill_between(line, line / 1.2, line * 1.2, color="grey", alpha=0.15, label="±20%")
+    ax.set(xscale="log", yscale="log", xlabel="measured (ms)", ylabel="predicted (ms)", title=title)
+    ax.legend(fontsize=7, markerscale=1.5)
+    fig.tight_layout()
+    return fig
