@@ -12,6 +12,7 @@ from fixtures.shared import shared_file
 
 from perfcast.data.readers.published_steps import (
     PRESET_FILLS,
+    PRESET_MODELS,
     SOURCE_TABLES,
     read_published_steps,
     source_table,
@@ -103,7 +104,15 @@ def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
     assert pd.isna(rec["finetune"].iloc[0]) and rec["finetune"].iloc[2] == "sft"
     assert rec["sequence_parallel"].isna().all()
     assert (rec["num_experts"].iloc[2], rec["top_k"].iloc[2], rec["ep"].iloc[2]) == (128, 8, 8)
-    assert rec["model"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
+    assert rec["model_name"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
+
+
+def test_fixture_model_names(tmp_path: Path) -> None:
+    rec = read_published_steps(_write(tmp_path)).records
+    assert rec["model_name"].tolist() == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano", "llama2-7b"]
+    # presets stay; a non-preset name with its shape spelled out leaves ``model``; one without a shape keeps it
+    assert rec["model"].tolist()[:2] == ["gpt3-175b", "llama3.1-8b"] and rec["model"].iloc[4] == "llama2-7b"
+    assert pd.isna(rec["model"].iloc[2]) and rec["model"].iloc[3] == "nemotron-3-nano"
 
 
 def test_fixture_through_the_record_checks(tmp_path: Path) -> None:
@@ -141,6 +150,11 @@ def test_preset_fills_match_the_presets(model: str) -> None:
         assert preset[field] == value, field
 
 
+@pytest.mark.parametrize("model", sorted(PRESET_MODELS))
+def test_preset_models_are_presets(model: str) -> None:
+    assert resources.files("perfcast.features.catalog.models").joinpath(f"{model}.json").is_file()
+
+
 @pytest.mark.shared_data
 def test_real_file() -> None:
     result = read_published_steps(shared_file(REAL_NAME))
@@ -165,6 +179,8 @@ def test_real_file() -> None:
     from_tps = timed["global_batch"] * timed["seq_len"] / (timed["measured_tokens_per_s_per_gpu"] * timed["num_gpus"])
     assert (timed["measured_step_ms"] / (from_tps * 1000)).between(0.99, 1.01).all()
     assert rec.loc[rec["defaulted_fields"] != "", "model"].tolist() == ["gpt3-175b", "gpt3-175b"]
+    moved = rec["model"].isna() & rec["model_name"].notna()
+    assert moved.sum() > 200 and not rec.loc[moved, "model_name"].isin(PRESET_MODELS).any()  # mpt-7b ...
     assert (rec["tp"] * rec["pp"] * rec["dp"] * rec["cp"] == rec["num_gpus"]).all()
 
     # schema checks without GPU resolution: what the rows themselves lack
@@ -185,3 +201,13 @@ def test_real_file_through_read_source() -> None:
     assert all(resolve_gpu_name(gpu) == gpu for gpu in set(loaded.records["gpu"]))  # catalog ids
     # every spelling the catalog resolves today is accepted unless the row lacks a field
     assert len(loaded.records) >= 85
+
+
+@pytest.mark.shared_data
+def test_real_file_non_preset_rows_parse() -> None:
+    from perfcast.features.run_config import parse_run_row
+
+    loaded = read_source(shared_file(REAL_NAME), resolve_gpu=resolve_gpu_name)
+    mpt = loaded.records[loaded.records["model_name"] == "mpt-7b"]
+    config = parse_run_row(mpt.iloc[0].to_dict())
+    assert config.model.num_layers == mpt["num_layers"].iloc[0]

@@ -157,3 +157,14 @@ def test_real_mlperf_rows_get_the_interleaving_their_layout_states_elsewhere():
     gpt3 = runs[(runs["model"] == "gpt3-175b") & (runs["pp"] == 8) & (runs["micro_batch"] == 1)]
     assert len(gpt3) and (gpt3["vpp"] == 12).all()
     assert (runs["zero_stage"] == 1).all() and runs["overlap_grad_reduce"].all()
+
+
+@pytest.mark.shared_data
+def test_load_runs_keeps_published_tables_apart() -> None:
+    runs = load_runs(shared_file("published_llm_training_steps.csv").parent, sources=["published", "vtrain"])
+    sources = set(runs["source"])
+    assert {"published:llm-foundry", "published:torchtitan", "vtrain"} <= sources and "published" not in sources
+    assert set(runs.loc[runs["source"] == "vtrain", "framework_group"]) == {"megatron-deepspeed"}
+    assert set(runs.loc[runs["source"] == "published:torchtitan", "framework_group"]) == {"torchtitan"}
+    mpt = runs[runs["model_name"] == "mpt-7b"]
+    assert len(mpt) and mpt["model"].isna().all()

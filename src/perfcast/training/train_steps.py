@@ -3,10 +3,13 @@
 The measured run tables (``../shared/data``): vTrain's Megatron iterations (GPT models on
 2-8 A100s), NeuSight's end-to-end latencies (one GPU; forward-only inference and
 forward+backward training) and MLPerf's GPT-3 175B step times (H100/B200 systems of
-64-10,752 GPUs; most MLPerf rows only have a time to train and are left out).
+64-10,752 GPUs; most MLPerf rows only have a time to train and are left out) and the step
+times that framework authors publish (llm-foundry, torchtitan, NeMo, NeMo AutoModel; A100 and
+H100/H200, 1-1,024 GPUs; MaxText rows give no step time and are left out).
 
 * :func:`load_runs` reads them into one run table with a ``source`` column
-  (``vtrain | neusight | mlperf``), keeping rows with a measured step time.
+  (``vtrain | neusight | mlperf``, and one ``published:<table>`` per publishing table),
+  keeping rows with a measured step time.
 * :func:`build_step_table` parses every row into a checked config (rows that fail are
   returned with their reason, not dropped silently), composes them with a
   :class:`~perfcast.models.composer.StepComposer` and featurises them.
@@ -38,6 +41,8 @@ from perfcast.training.metrics import spearman, summarize
 
 __all__ = [
     "RUN_FILES",
+    "SOURCE_FRAMEWORKS",
+    "TABLE_SOURCES",
     "StepTable",
     "build_step_table",
     "domain_groups",
@@ -58,8 +63,20 @@ RUN_FILES: Mapping[str, str] = {
     "vtrain": "vtrain_megatron_iteration_time.csv",
     "neusight": "neusight_e2e_latency.csv",
     "mlperf": "mlperf_training_llm_runs.csv",
+    "published": "published_llm_training_steps.csv",
 }
 """Source name -> measured run table in the shared data folder."""
+TABLE_SOURCES: frozenset[str] = frozenset({"published"})
+"""Sources whose reader names each row's publishing table in ``source`` (``published:torchtitan`` ...):
+that id stays the row's ``source``, so splits and source balancing see every table on its own."""
+SOURCE_FRAMEWORKS: Mapping[str, str] = {
+    "vtrain": "megatron-deepspeed",
+    "mlperf": "megatron-core",
+    "neusight": "pytorch-eager",
+}
+"""``framework_group`` of a source's rows that state no ``framework``: vTrain profiled
+Megatron-DeepSpeed, MLPerf's GPT-3 submissions run NVIDIA NeMo (Megatron-Core), NeuSight ran
+Hugging Face models in eager PyTorch on one GPU. Only a split label: the parser never reads it."""
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Fields a run row needs to name its model without a preset."""
 MIN_GROUP_ROWS = 3
@@ -70,6 +87,12 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
     """Measured runs of ``sources`` as one run table with ``source`` and ``timing_scope``.
 
     The readers' own ``source`` (file and row provenance) moves to ``source_detail``.
+    ``source`` is the file's name in :data:`RUN_FILES`, except for :data:`TABLE_SOURCES`
+    (the published-steps file), whose rows keep their reader's per-table id
+    (``published:llm-foundry``, ``published:torchtitan``, ``published:nemo-24.07`` ...).
+    ``framework_group`` labels the training stack for splits: the row's ``framework`` where
+    stated, else :data:`SOURCE_FRAMEWORKS` of its source.
+
     Layout fields a source leaves unstated are the readers' to fill, and they list them in
     ``defaulted_fields`` (MLPerf: the interleaving depth from the file's stated configs,
     NeMo's ZeRO-1 with an overlapped gradient sync; see
@@ -87,7 +110,12 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
     frames = []
     for name in sources:
         records = read_source(Path(data_dir) / RUN_FILES[name]).records
-        records = records.rename(columns={"source": "source_detail"}).assign(source=name)
+        if name in TABLE_SOURCES:
+            records = records.assign(source_detail=records["source"])
+        else:
+            records = records.rename(columns={"source": "source_detail"}).assign(source=name)
+        stated = records["framework"] if "framework" in records else pd.Series(None, index=records.index)
+        records = records.assign(framework_group=stated.where(stated.notna(), SOURCE_FRAMEWORKS.get(name, name)))
         records = _unname_unknown_models(records)
         frames.append(records[records["measured_step_ms"].notna() & records["timing_scope"].isin(TIMING_SCOPES)])
     return pd.concat(frames, ignore_index=True)
@@ -105,7 +133,12 @@ def _unname_unknown_models(records: pd.DataFrame) -> pd.DataFrame:
             unknown.add(name)
     spelled = records.reindex(columns=list(REQUIRED_MODEL_FIELDS)).notna().all(axis=1)
     move = records["model"].isin(unknown) & spelled
-    out = records.assign(model_name=records["model"])
+    named = (
+        records["model_name"].where(records["model_name"].notna(), records["model"])
+        if "model_name" in records
+        else records["model"]
+    )
+    out = records.assign(model_name=named)
     out["model"] = out["model"].where(~move)
     return out
 

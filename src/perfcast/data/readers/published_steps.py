@@ -8,8 +8,8 @@ columns; this reader keeps them as given and adds what the run records need.
 
 Mapping, one record per source row:
 
-* Run-table columns (``num_layers`` .. ``gpus_per_node``), ``num_experts``, ``top_k``,
-  ``model`` and ``notes``: as given. Empty cells stay empty (NaN): nothing unstated is
+* Run-table columns (``num_layers`` .. ``gpus_per_node``), ``num_experts``, ``top_k``
+  and ``notes``: as given. Empty cells stay empty (NaN): nothing unstated is
   invented. The one exception is a field the run records require
   (:data:`~perfcast.data.schema.RUN_RECORD_REQUIRED`) that the row leaves empty while its
   ``model`` names a perfcast preset: the preset's value fills it (:data:`PRESET_FILLS`,
@@ -17,6 +17,11 @@ Mapping, one record per source row:
   checks it against the presets) and the field is named in ``defaulted_fields``
   (``;``-separated). Other empty required fields stay empty and the record checks
   reject those rows.
+* ``model_name``: the file's ``model`` text, always. ``model``: the same name when it is a
+  perfcast preset (:data:`PRESET_MODELS`) or the row does not spell its shape
+  (:data:`SHAPE_FIELDS`); empty for a name that is not a preset (``mpt-7b``,
+  ``qwen3-30b-a3b`` ...) on a row that gives the shape, because a run table's ``model``
+  must name a preset and the shape columns already describe the model.
 * ``finetune``: as given (``sft`` = full-parameter supervised fine-tuning, ``lora``);
   empty for pre-training rows.
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
@@ -78,6 +83,16 @@ PRESET_FILLS: dict[str, dict[str, int]] = {
 """Preset values for required fields some rows leave empty: ``model`` -> {field: value}.
 Only presets of perfcast's model catalog appear here (a test compares them)."""
 
+PRESET_MODELS: frozenset[str] = frozenset({
+    "gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b",
+    "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
+    "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-72b",
+})  # fmt: skip
+"""Model names kept in ``model``: presets of perfcast's model catalog (a test checks each is one;
+written out because the data layer does not read the features catalogs)."""
+SHAPE_FIELDS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+"""Shape columns a row must give for a non-preset ``model`` name to move to ``model_name``."""
+
 STEP_MS_BASES = ("printed", "tokens_per_s", "tokens_per_s_by_reader")
 """Values of the ``step_ms_basis`` column (see the module docstring)."""
 
@@ -95,7 +110,7 @@ REQUIRED_COLUMNS: tuple[str, ...] = (*_TEXT_COLUMNS, *_NUMBER_COLUMNS, *_BOOL_CO
 
 _DERIVED_NOTE = "step_ms derived"
 _OUTPUT_EXTRA = (
-    "num_experts", "top_k", "model", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
+    "num_experts", "top_k", "model", "model_name", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
     "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu", "source", "source_text",
     "source_commit", "source_path", "source_row", "device_name", "notes", "defaulted_fields",
 )  # fmt: skip
@@ -109,7 +124,7 @@ def read_published_steps(path: str | Path) -> ReadResult:
 
     Returns:
         ``records``: the run-table columns (:data:`~perfcast.data.tables.RUN_COLUMNS`), then
-        ``num_experts, top_k, model, framework, timing_scope, measured_step_ms, step_ms_basis,
+        ``num_experts, top_k, model, model_name, framework, timing_scope, measured_step_ms, step_ms_basis,
         measured_tokens_per_s_per_gpu, measured_tflops_per_gpu, measured_mfu, source,
         source_text, source_commit, source_path, source_row, device_name, notes,
         defaulted_fields`` (see the module docstring). Empty cells stay NaN.
@@ -203,6 +218,10 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     for col in ("recompute", "finetune", "dtype", "gpu", "model", "notes"):
         out[col] = text[col].astype(object).where(text[col].notna(), None)
     defaulted = _preset_fills(out, text["model"])
+    out["model_name"] = out["model"]
+    spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
+    unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
+    out.loc[spelled & unknown, "model"] = None
     for col in _NUMBER_COLUMNS:
         out[col] = out[col].round().astype("Int64")
     out["framework"] = tables.map(lambda t: t[1]).astype(object)
