@@ -187,10 +187,12 @@ def test_sft_is_full_parameter_training_with_the_same_graph():
 
 def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     stated = parse_run_row({**LLAMA_ON_8, "sequence_parallel": True, "zero_stage": 1, "overlap_grad_reduce": False,
-                            "gpus_per_node": 8})  # fmt: skip
+                            "gpus_per_node": 8, "framework": "megatron-deepspeed", "tp_comm_overlap": False,
+                            "overlap_param_gather": False, "cuda_graphs": False})  # fmt: skip
     assert stated.defaulted == ()
     bare = parse_run_row({"model": "llama2-7b", "gpu": "h100-sxm5-80gb"})
-    assert set(bare.defaulted) == {"micro_batch", "global_batch", "dtype", "recompute", "flash_attention", "num_gpus"}
+    assert set(bare.defaulted) == {"micro_batch", "global_batch", "dtype", "recompute", "flash_attention", "num_gpus",
+                                   "framework", "cuda_graphs"}  # fmt: skip
     by_fields = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000,
                                "gpu": "h100-sxm5-80gb"})  # fmt: skip
     assert {"seq_len", "ffn_hidden_size", "num_kv_heads"} <= set(by_fields.defaulted)

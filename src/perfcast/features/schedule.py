@@ -7,6 +7,32 @@ Rules (DESIGN.md decision 4), stated once here:
   only the part longer than that node is exposed: ring-attention K/V exchange hides
   behind the attention it feeds. Tensor-parallel and expert all-to-all transfers are
   exposed, as in Megatron-LM without communication-overlap flags.
+* The framework's switches (``docs/frameworks.md``) reach the composition so:
+
+  - ``tp_comm_overlap``: each sequence-parallel TP all-gather / reduce-scatter of a
+    dense layer names the GEMM beside it in ``overlap_with``
+    (:data:`~perfcast.features.workload.TP_OVERLAP_GEMMS`), so it is exposed by
+    ``max(0, comm - gemm)``; the GEMM keeps its whole time.
+  - ``fsdp_prefetch``: a ZeRO-3 weight gather (``overlap_with`` =
+    :data:`~perfcast.features.workload.OVERLAP_PREVIOUS_LAYER`) runs beside the previous
+    layer's compute in its pass (forward; backward with its recomputation), ``C`` the
+    compute-stream time of one layer of its kind in that pass. Over the ``L > 0`` layers of
+    the stage it adds ``(L - 1) * max(0, g - C) + g``: every gather but the first layer's
+    hides, the first is exposed whole, once per microbatch and pass (once per layer kind
+    when a stage holds dense and MoE layers).
+  - ``overlap_param_gather``: the ZeRO-1/2 parameter all-gather (a step node) is issued
+    by layer and waited for by the next step's first forward. Of the gather, the part
+    ``g`` still exposed after the gradient-sync rule (last rule) is timed so: the first
+    layer's share ``g / L`` is exposed, the rest only where it outlasts the forward compute
+    ``F`` of the other layers of one microbatch: ``g / L + max(0, g - F) (L - 1) / L``.
+    The switch therefore never lengthens a step.
+  - ``cuda_graphs``: kernels replay from a captured graph, so the host dispatch floor
+    (next rule) is off (``host_ms_per_kernel = 0``).
+  - ``torch_compile`` is not modelled: its fused vector ops would need op times that
+    perfcast does not have.
+
+  Each hidden collective is assumed not to slow the compute it overlaps, and two
+  collectives may hide behind the same compute.
 * The time of one microbatch on a stage is the sum over its layers, plus the embedding
   on the first stage and the LM head and loss on the last one, plus its exposed pipeline
   transfers (next rule).
@@ -52,7 +78,9 @@ Rules (DESIGN.md decision 4), stated once here:
   busier end stage.
 * After the pipeline flush the data-parallel gradient sync is exposed (Megatron-DeepSpeed
   default); with ``overlap_grad_reduce`` it hides behind the last microbatch's backward.
-  Then the optimizer step runs.
+  The sync here includes the ZeRO-1/2 parameter all-gather, which in Megatron-Core runs
+  after the optimizer instead: an optimistic budget, kept so that rows composed before
+  frameworks were a column keep their times. Then the optimizer step runs.
 """
 
 from __future__ import annotations
@@ -63,9 +91,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from perfcast.features.parallel import Recompute
+from perfcast.features.parallel import ParallelConfig, Recompute
 from perfcast.features.workload import (
     NODE_COLUMNS,
+    OVERLAP_PREVIOUS_LAYER,
     Group,
     Phase,
     Scope,
@@ -78,6 +107,24 @@ COMPUTE = "compute"
 
 HOST_MS_PER_KERNEL = 0.075
 """Host time to issue one graph node's kernel in an eager training framework, ms (see the module docstring)."""
+PARAM_GATHER_SUFFIX = ".param_allgather"
+"""Name ending of the ZeRO-1/2 parameter all-gather step nodes (``overlap_param_gather`` times them apart)."""
+
+
+def host_ms_per_kernel(parallel: ParallelConfig) -> float:
+    """The dispatch floor's host time per kernel of a config, ms: 0 with ``cuda_graphs``."""
+    return 0.0 if parallel.cuda_graphs else HOST_MS_PER_KERNEL
+
+
+def param_gather_exposed_ms(gather_ms: np.ndarray, forward_ms: np.ndarray, layers: np.ndarray) -> np.ndarray:
+    """Exposed part of a ZeRO-1/2 parameter all-gather of ``gather_ms`` under ``overlap_param_gather``, ms.
+
+    ``gather_ms / L + max(0, gather_ms - forward_ms) * (L - 1) / L``: the first of the
+    stage's ``L`` layers waits for its share, the rest hides behind the forward compute
+    ``forward_ms`` of one microbatch's ``L`` layers (see the module rules).
+    """
+    n = np.maximum(np.asarray(layers, dtype=float), 1.0)
+    return gather_ms / n + np.maximum(gather_ms - forward_ms, 0.0) * (n - 1.0) / n
 
 
 @dataclass(frozen=True)
@@ -112,24 +159,67 @@ class StepBreakdown:
 
 
 def exposed_time_ms(graph: WorkloadGraph, op_ms: np.ndarray) -> np.ndarray:
-    """Time each node adds to its stream's critical path, ms (see the overlap rules)."""
-    return _exposed(graph.column("overlap_with").astype(int), op_ms)
+    """Time each node adds to its stream's critical path per occurrence, ms (see the overlap
+    rules; a prefetched gather's: that of a layer after the first)."""
+    op_ms = np.asarray(op_ms, dtype=float)
+    overlap = graph.column("overlap_with").astype(int)
+    layer_pass = _layer_pass(_layer_kind(graph.column("scope")), graph.column("phase") != Phase.FORWARD)
+    budget = _prefetch_budget(layer_pass, graph.column("stream") == COMPUTE, np.zeros(len(overlap), np.int64), 1)
+    return _exposed(overlap, op_ms, budget)[0]
 
 
-def _exposed(overlap: np.ndarray, op_ms: np.ndarray) -> np.ndarray:
+def _layer_kind(scope: np.ndarray) -> np.ndarray:
+    """Per node: 0 in a dense layer, 2 in an MoE layer, -1 elsewhere."""
+    return np.where(scope == Scope.LAYER, 0, np.where(scope == Scope.MOE_LAYER, 2, -1))
+
+
+def _layer_pass(kind: np.ndarray, not_forward: np.ndarray) -> np.ndarray:
+    """Per node: the layer pass its time counts in for prefetched gathers (dense or MoE,
+    forward or backward with recomputation: 0..3), -1 outside layers."""
+    return np.where(kind >= 0, kind + not_forward, -1)
+
+
+def _prefetch_budget(
+    layer_pass: np.ndarray, compute: np.ndarray, seg: np.ndarray, num_bodies: int
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """What :func:`_exposed` needs for prefetched gathers: each node's (body, layer pass)
+    index (-1 outside layers), which nodes' compute time counts, and the number of indices."""
+    index = np.where(layer_pass >= 0, seg * 4 + layer_pass, -1)
+    return index, compute & (layer_pass >= 0), num_bodies * 4
+
+
+def _exposed(
+    overlap: np.ndarray, op_ms: np.ndarray, budget: tuple[np.ndarray, np.ndarray, int], repeat: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per node, the time exposed at each occurrence and, for prefetched gathers, the part
+    exposed once per microbatch and pass (the first layer's: ``min(g, C)``, None when no
+    node is prefetched), ms; see the module rules."""
     hidden_by = np.where(overlap >= 0, op_ms[np.clip(overlap, 0, None)], 0.0)
-    return np.maximum(op_ms - hidden_by, 0.0)
+    prefetched = overlap == OVERLAP_PREVIOUS_LAYER
+    once = None
+    if prefetched.any():
+        index, counts, size = budget
+        work = op_ms if repeat is None else op_ms * repeat
+        layer_ms = np.bincount(index[counts], work[counts], minlength=size)
+        hidden_by = np.where(prefetched, layer_ms[np.clip(index, 0, None)], hidden_by)
+        once = np.where(prefetched, np.minimum(op_ms, hidden_by), 0.0)
+    return np.maximum(op_ms - hidden_by, 0.0), once
 
 
 class _Plan:
     """What composing a graph needs besides the node times: masks and multiplicities, computed once."""
 
-    def __init__(self, graph: WorkloadGraph, overlap_grad_reduce: bool) -> None:
+    def __init__(self, graph: WorkloadGraph, overlap_grad_reduce: bool, overlap_param_gather: bool = False) -> None:
         self.graph = graph
         self.uneven = BodyPlan([BodyTemplate.from_graph(graph)], overlap_grad_reduce=overlap_grad_reduce) if (
             graph.stage_layers is not None
         ) else None  # fmt: skip
         self.overlap = graph.column("overlap_with").astype(int)
+        phase = graph.column("phase")
+        self.layer_pass = _layer_pass(_layer_kind(graph.column("scope")), phase != Phase.FORWARD)
+        self.forward = phase == Phase.FORWARD
+        self.budget = _prefetch_budget(self.layer_pass, graph.column("stream") == COMPUTE,
+                                       np.zeros(graph.num_nodes, np.int64), 1)  # fmt: skip
         self.repeat = graph.column("repeat").astype(float)
         scope = graph.column("scope")
         per_scope = graph.scope_multiplicity()
@@ -147,13 +237,19 @@ class _Plan:
         is_optimizer = graph.column("op") == "optimizer"
         self.dp_sync = step & ~is_optimizer
         self.optimizer = step & is_optimizer
+        self.param_gather = step & np.char.endswith(graph.column("name").astype(str), PARAM_GATHER_SUFFIX)
         self.not_forward = graph.column("phase") != Phase.FORWARD if overlap_grad_reduce else None
         self.overlap_grad_reduce = overlap_grad_reduce
+        self.overlap_param_gather = overlap_param_gather
 
     def compose(self, op_ms: np.ndarray, host_ms_per_kernel: float) -> StepBreakdown:
         graph = self.graph
-        exposed = _exposed(self.overlap, np.asarray(op_ms, dtype=float)) * self.repeat
+        op_ms = np.asarray(op_ms, dtype=float)
+        exposed, once = _exposed(self.overlap, op_ms, self.budget, self.repeat)
+        exposed = exposed * self.repeat
         weighted = exposed * self.mult
+        if once is not None:  # prefetched gathers: the first layer's part, once per microbatch
+            weighted = weighted + once * self.repeat * (self.mult > 0)
         kernels = self.kernels
 
         def total(mask: np.ndarray, values: np.ndarray = weighted) -> float:
@@ -163,7 +259,9 @@ class _Plan:
             n = len(self.uneven.seg)
             stages = self.uneven.stages(np.asarray(op_ms, dtype=float)[:n], host_ms_per_kernel)
             parts = self.uneven.finish(stages, np.zeros(1, dtype=np.int64), np.array([graph.num_microbatches]),
-                                       np.array([total(self.dp_sync)]), np.array([total(self.optimizer)]))  # fmt: skip
+                                       np.array([total(self.dp_sync)]), np.array([total(self.optimizer)]),
+                                       param_gather_ms=np.array([total(self.param_gather)]),
+                                       overlap_param_gather=np.array([self.overlap_param_gather]))  # fmt: skip
             comm = {k[len("comm_") : -len("_ms")]: float(v[0]) for k, v in parts.items() if k.startswith("comm_")}
             return StepBreakdown(
                 step_ms=float(parts["step_ms"][0]),
@@ -212,6 +310,11 @@ class _Plan:
         if self.overlap_grad_reduce:
             last_backward = total(busiest & self.not_forward)
             dp_sync = max(0.0, dp_sync - last_backward)
+        if self.overlap_param_gather:  # what is left of the parameter gather hides behind the next forward
+            left = min(dp_sync, total(self.param_gather))
+            forward = total(self.forward & (self.layer_pass >= 0) & ~self.comm)
+            layers = graph.dense_layers_per_stage + graph.moe_layers_per_stage
+            dp_sync += float(param_gather_exposed_ms(np.array(left), np.array(forward), np.array(layers))) - left
         optimizer = total(self.optimizer)
         return StepBreakdown(
             step_ms=float(pipeline + dp_sync + optimizer),
@@ -229,6 +332,7 @@ def compose_steps(
     op_ms: Sequence[np.ndarray],
     *,
     overlap_grad_reduce: bool = False,
+    overlap_param_gather: bool = False,
     host_ms_per_kernel: float = HOST_MS_PER_KERNEL,
 ) -> list[StepBreakdown]:
     """:func:`compose_step` of one graph for several node-time arrays (e.g. median, lower and upper bounds).
@@ -236,7 +340,7 @@ def compose_steps(
     The graph's masks and multiplicities are computed once for all of them, and an array
     equal to an earlier one (bounds of a predictor without an interval) reuses its breakdown.
     """
-    plan = _Plan(graph, overlap_grad_reduce)
+    plan = _Plan(graph, overlap_grad_reduce, overlap_param_gather)
     out: list[StepBreakdown] = []
     for i, ms in enumerate(op_ms):
         same = next((out[j] for j in range(i) if np.array_equal(op_ms[j], ms)), None)
@@ -249,6 +353,7 @@ def compose_step(
     op_ms: np.ndarray,
     *,
     overlap_grad_reduce: bool = False,
+    overlap_param_gather: bool = False,
     host_ms_per_kernel: float = HOST_MS_PER_KERNEL,
 ) -> StepBreakdown:
     """Step time of ``graph`` given each node's time ``op_ms`` (ms, aligned with ``graph.nodes``).
@@ -257,10 +362,12 @@ def compose_step(
         graph: the config's workload graph.
         op_ms: time of each node, ms.
         overlap_grad_reduce: hide the data-parallel sync behind the last backward.
+        overlap_param_gather: time the ZeRO-1/2 parameter all-gather behind the next
+            forward (see the module rules).
         host_ms_per_kernel: host time to issue one node's kernel, ms (the dispatch floor;
-            0 turns it off).
+            0 turns it off: :func:`host_ms_per_kernel` of the config).
     """
-    return _Plan(graph, overlap_grad_reduce).compose(op_ms, host_ms_per_kernel)
+    return _Plan(graph, overlap_grad_reduce, overlap_param_gather).compose(op_ms, host_ms_per_kernel)
 
 
 class BodyPlan:
@@ -297,8 +404,9 @@ class BodyPlan:
         def cat(name: str) -> np.ndarray:
             return np.concatenate([t.arrays[name] for t in templates])[rows] if templates else np.zeros(0)
 
-        overlap = cat("overlap").astype(np.int64)  # a node of the same body
-        self.overlap = np.where(overlap >= 0, overlap + np.repeat(np.cumsum(sizes) - sizes, sizes), -1)
+        overlap = cat("overlap").astype(np.int64)  # a node of the same body (or OVERLAP_PREVIOUS_LAYER)
+        self.overlap = np.where(overlap >= 0, overlap + np.repeat(np.cumsum(sizes) - sizes, sizes), overlap)
+        self.num_layers = np.array([sum(t.layers) for t in bodies], dtype=float)
         self.repeat, self.mult = cat("repeat"), cat("mult")
         self.kernels = self.repeat * self.mult
         self.pp = np.array([t.pp for t in bodies], dtype=np.int64)
@@ -314,6 +422,9 @@ class BodyPlan:
         self.group_code = np.concatenate(codes)[rows] if templates else np.zeros(0, np.int64)
         self.comm_body, self.comm_first, self.comm_last = comm & self.on_stage, comm & self.first, comm & self.last
         self.not_forward = cat("not_forward").astype(bool)
+        layer_pass = _layer_pass(cat("layer_kind").astype(np.int64), self.not_forward)
+        self.budget = _prefetch_budget(layer_pass, ~comm, self.seg, self.num_bodies)
+        self.layer_forward = (layer_pass >= 0) & ~self.not_forward & ~comm
         self.overlap_grad_reduce = overlap_grad_reduce
         # uneven bodies: one row per pipeline rank (body, dense layers, MoE layers, first, last)
         uneven = [(i, t.stage_layers) for i, t in enumerate(bodies) if t.stage_layers is not None]
@@ -334,19 +445,29 @@ class BodyPlan:
         index = self.seg[mask] * n_groups + self.group_code[mask]
         return np.bincount(index, values[mask], minlength=self.num_bodies * n_groups).reshape(self.num_bodies, n_groups)
 
-    def stages(self, op_ms: np.ndarray, host_ms_per_kernel: float = HOST_MS_PER_KERNEL) -> dict[str, np.ndarray]:
+    def stages(
+        self, op_ms: np.ndarray, host_ms_per_kernel: float | np.ndarray = HOST_MS_PER_KERNEL
+    ) -> dict[str, np.ndarray]:
         """Per-body schedule terms from the node times ``op_ms`` (ms, the bodies' nodes concatenated).
+
+        ``host_ms_per_kernel``: the dispatch floor's host time per kernel, ms, for all bodies
+        or per body (0 for a body run under CUDA graphs).
 
         Returns arrays over bodies: ``slowest_ms`` (the slowest stage's microbatch time),
         ``fixed_ms`` (fill, drain and interleaved transfers: the pipeline minus
         ``m * slowest_ms``), ``pp_exposed_ms`` (the slowest stage's exposed interleaved
-        transfer), ``last_backward_ms``; and over (bodies, groups) ``comm_ms`` and
+        transfer), ``last_backward_ms``, ``forward_ms`` (the forward compute of one
+        microbatch's layers on the busiest stage); and over (bodies, groups) ``comm_ms`` and
         ``comm_present`` (the exposed communication per microbatch of each group in
         :attr:`group_names`, and whether the busiest stage has such nodes).
         """
         op_ms = np.asarray(op_ms, dtype=float)
-        hidden_by = np.where(self.overlap >= 0, op_ms[np.clip(self.overlap, 0, None)], 0.0)
-        weighted = np.maximum(op_ms - hidden_by, 0.0) * self.repeat * self.mult
+        host = np.broadcast_to(np.asarray(host_ms_per_kernel, dtype=float), (self.num_bodies,))
+        node_exposed, once = _exposed(self.overlap, op_ms, self.budget, self.repeat)
+        weighted = node_exposed * self.repeat * self.mult
+        if once is not None:  # prefetched gathers: the first layer's part, once per microbatch
+            once = once * self.repeat
+            weighted = weighted + once * (self.mult > 0)
         stage_body, stage_first, stage_last = (self._sum(m, weighted) for m in (self.on_stage, self.first, self.last))
         xfer = np.where(self.overlap_p2p, self._sum(self.xfer, weighted), 0.0)
         k_body, k_first, k_last = (self._sum(m, self.kernels) for m in (self.body, self.first, self.last))
@@ -356,7 +477,7 @@ class BodyPlan:
         exposed = [np.maximum(xfer - g, 0.0) for g in gpu]
         gpu = [g + e for g, e in zip(gpu, exposed, strict=True)]
         kernels = [np.where(one, k_body + k_first + k_last, k_body + k_first), k_body, k_body + k_last]
-        first, middle, last = (np.maximum(g, k * host_ms_per_kernel) for g, k in zip(gpu, kernels, strict=True))
+        first, middle, last = (np.maximum(g, k * host) for g, k in zip(gpu, kernels, strict=True))
         has_middle, has_last = self.pp > 2, ~one
         # np.argmax over [first, middle * (pp - 2), last]: the first stage of the largest time
         slowest_ms = np.maximum(first, np.where(has_middle, middle, -np.inf))
@@ -381,35 +502,50 @@ class BodyPlan:
         last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
         out = {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
                "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0,
-               "stall_ms": stall}  # fmt: skip
+               "stall_ms": stall, "forward_ms": self._sum(self.layer_forward, weighted)}  # fmt: skip
         if len(self.rank_body):
-            self._uneven_stages(out, np.maximum(op_ms - hidden_by, 0.0) * self.repeat, xfer, host_ms_per_kernel)
+            self._uneven_stages(out, node_exposed * self.repeat, once, xfer, host)
         return out
 
     def _uneven_stages(
-        self, out: dict[str, np.ndarray], unit_ms: np.ndarray, xfer: np.ndarray, host_ms_per_kernel: float
+        self,
+        out: dict[str, np.ndarray],
+        unit_ms: np.ndarray,
+        once_ms: np.ndarray | None,
+        xfer: np.ndarray,
+        host_ms_per_kernel: np.ndarray,
     ) -> None:
         """Overwrite ``out`` (:meth:`stages`) for the bodies whose ranks hold layers of their own.
 
         ``unit_ms`` is each node's exposed time times its repeat, once (no layer
-        multiplicity). Each body's sums per dense layer, per MoE layer, per stage and per
-        end stage are taken once; a rank's microbatch time is its layers times those sums
-        (see the module rules), and the slowest rank (the first of equals) gives the rest.
+        multiplicity); ``once_ms`` the first layer's part of prefetched gathers, which a rank
+        adds once per layer kind it holds (None: none). Each body's sums per dense layer, per
+        MoE layer, per stage and per end stage are taken once; a rank's microbatch time is
+        its layers times those sums (see the module rules), and the slowest rank (the first
+        of equals) gives the rest.
         """
         b = self.rank_body
         ends = self.first | self.last
         parts = (self.layer, self.moe_layer, self.body & ~self.layer & ~self.moe_layer, self.first, self.last)
         weight = np.stack([self.rank_dense, self.rank_moe, np.ones(len(b)), self.rank_first, self.rank_last], axis=1)
+        holds = (weight[:, :2] > 0).astype(float)  # the rank holds dense / MoE layers
 
         def sums(on: np.ndarray, values: np.ndarray) -> np.ndarray:
             """(bodies, parts): the sums of ``values`` over the nodes of ``on`` in each part."""
             return np.stack([self._sum(part & on, values) for part in parts], axis=1)
 
-        gpu = (sums(self.on_stage | ends, unit_ms)[b] * weight).sum(axis=1)
+        def first_layer(on: np.ndarray) -> np.ndarray:
+            """Per rank, the once-per-microbatch part of its prefetched gathers among nodes ``on``."""
+            if once_ms is None:
+                return np.zeros(len(b))
+            kinds = np.stack([self._sum(part & on, once_ms) for part in parts[:2]], axis=1)
+            return (kinds[b] * holds).sum(axis=1)
+
+        gpu = (sums(self.on_stage | ends, unit_ms)[b] * weight).sum(axis=1) + first_layer(self.on_stage)
         exposed = np.maximum(xfer[b] - gpu, 0.0)  # interleaved p2p: only what outlasts the compute
         gpu = gpu + exposed
         kernels = (sums(self.body | ends, self.repeat)[b] * weight).sum(axis=1)
-        stage_ms = np.maximum(gpu, kernels * host_ms_per_kernel)
+        stage_ms = np.maximum(gpu, kernels * host_ms_per_kernel[b])
         slowest = np.full(self.num_bodies, -np.inf)
         np.maximum.at(slowest, b, stage_ms)
         at_max = np.flatnonzero(stage_ms >= slowest[b])
@@ -422,9 +558,13 @@ class BodyPlan:
         out["pp_exposed_ms"][bodies] = exposed[s]
         out["stall_ms"][bodies] = stage_ms[s] - gpu[s]
         out["last_backward_ms"][bodies] = (sums((self.body | ends) & self.not_forward, unit_ms)[bodies] * w).sum(1)
+        out["last_backward_ms"][bodies] += first_layer(self.body & self.not_forward)[s]
         comm = self.comm_body | self.comm_first | self.comm_last
         ones = np.ones(len(unit_ms))
         comm_ms = sum(w[:, j, None] * self._group_sum(comm & part, unit_ms)[bodies] for j, part in enumerate(parts))
+        if once_ms is not None:
+            comm_ms = comm_ms + sum((w[:, j, None] > 0) * self._group_sum(comm & part, once_ms)[bodies]
+                                    for j, part in enumerate(parts[:2]))  # fmt: skip
         count = sum((w[:, j, None] > 0) * self._group_sum(comm & part, ones)[bodies] for j, part in enumerate(parts))
         out["comm_ms"][bodies] = comm_ms
         out["comm_present"][bodies] = count > 0
@@ -437,12 +577,18 @@ class BodyPlan:
         dp_sync_ms: np.ndarray,
         optimizer_ms: np.ndarray,
         overlap_grad_reduce: np.ndarray | None = None,
+        *,
+        param_gather_ms: np.ndarray | None = None,
+        overlap_param_gather: np.ndarray | None = None,
     ) -> dict[str, np.ndarray]:
         """Breakdown columns of configs: each runs body ``body[i]`` with ``num_microbatches[i]``
         microbatches and its step nodes' gradient sync and optimizer times (ms).
 
         ``overlap_grad_reduce``: per config, hide its data-parallel sync behind the last
         backward (besides the plan-wide setting); None: the plan-wide setting alone.
+        ``param_gather_ms``, ``overlap_param_gather``: per config, the ZeRO-1/2 parameter
+        all-gather within ``dp_sync_ms`` (ms) and whether it is timed behind the next forward
+        (:func:`param_gather_exposed_ms`); None: never.
 
         Returns:
             ``step_ms, compute_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
@@ -469,6 +615,11 @@ class BodyPlan:
         if overlap_grad_reduce is not None:
             hide = hide | np.asarray(overlap_grad_reduce, dtype=bool)
         dp_sync = np.where(hide, np.maximum(0.0, dp_sync - stages["last_backward_ms"][body]), dp_sync)
+        if overlap_param_gather is not None and param_gather_ms is not None:
+            # what is left of the parameter gather hides behind the next forward
+            left = np.minimum(dp_sync, np.where(np.asarray(overlap_param_gather, dtype=bool), param_gather_ms, 0.0))
+            exposed = param_gather_exposed_ms(left, stages["forward_ms"][body], self.num_layers[body])
+            dp_sync = dp_sync - left + exposed
         optimizer = np.asarray(optimizer_ms, dtype=float)
         return {
             "step_ms": pipeline + dp_sync + optimizer,
@@ -534,6 +685,7 @@ class BodyTemplate:
             "mult": np.where(layer, float(layers[0]), np.where(moe, float(layers[1]), 1.0)),
             "layer": layer,
             "moe_layer": moe,
+            "layer_kind": _layer_kind(scope),
             "body": layer | moe | (scope == Scope.STAGE),
             "first": scope == Scope.FIRST_STAGE,
             "last": scope == Scope.LAST_STAGE,

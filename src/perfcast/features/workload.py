@@ -263,7 +263,9 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     The data-parallel degree, ZeRO stage, global batch and GPU type only change the
     once-per-step nodes (:func:`build_step_ops`) and the number of microbatches, except
     where they reach the layers: ZeRO-3's per-layer weight gathers and whether a pipeline
-    transfer stays inside a node.
+    transfer stays inside a node. The framework switches that set ``overlap_with``
+    (``tp_comm_overlap`` with sequence parallelism, ``fsdp_prefetch`` under ZeRO-3) are
+    part of the key.
     """
     p = parallel
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0

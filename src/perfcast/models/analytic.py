@@ -21,7 +21,7 @@ from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
-from perfcast.features.schedule import StepBreakdown, compose_step
+from perfcast.features.schedule import StepBreakdown, compose_step, host_ms_per_kernel
 from perfcast.features.workload import build_workload_graph
 
 NAME = "analytic"
@@ -60,10 +60,18 @@ def model_flops_per_step(config: RunConfig) -> float:
 
 
 def predict_step(config: RunConfig, *, overlap_grad_reduce: bool = False) -> StepPrediction:
-    """Analytic step prediction of one checked config."""
+    """Analytic step prediction of one checked config (its ``overlap_param_gather`` and
+    ``cuda_graphs`` switches honoured; the gradient-sync overlap as ``overlap_grad_reduce`` says)."""
     graph = build_workload_graph(config.model, config.parallel, config.cluster)
     times = op_time_ms(graph.nodes, config.cluster)
-    breakdown = compose_step(graph, times, overlap_grad_reduce=overlap_grad_reduce)
+    p = config.parallel
+    breakdown = compose_step(
+        graph,
+        times,
+        overlap_grad_reduce=overlap_grad_reduce,
+        overlap_param_gather=p.overlap_param_gather,
+        host_ms_per_kernel=host_ms_per_kernel(p),
+    )
     memory = peak_memory(config.model, config.parallel, config.cluster)
     step_s = breakdown.step_ms / 1e3
     peak = config.cluster.gpu.peak_tflops(config.parallel.dtype) * 1e12

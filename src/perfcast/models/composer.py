@@ -63,11 +63,12 @@ from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
 from perfcast.features.schedule import (
-    HOST_MS_PER_KERNEL,
+    PARAM_GATHER_SUFFIX,
     BodyPlan,
     BodyTemplate,
     StepBreakdown,
     compose_steps,
+    host_ms_per_kernel,
     segment_rows,
 )
 from perfcast.features.workload import (
@@ -239,8 +240,14 @@ class StepComposer:
             counted = keep & (graph.column("op") != OpType.OPTIMIZER.value)  # see ComposedStep.out_of_domain
             extrapolates = bool((counted & ood[start:end]).any())
             start = end
-            overlap = self.overlap_grad_reduce or config.parallel.overlap_grad_reduce
-            breakdown, lo_step, hi_step = compose_steps(graph, [ms, lo_ms, hi_ms], overlap_grad_reduce=overlap)
+            p = config.parallel
+            breakdown, lo_step, hi_step = compose_steps(
+                graph,
+                [ms, lo_ms, hi_ms],
+                overlap_grad_reduce=self.overlap_grad_reduce or p.overlap_grad_reduce,
+                overlap_param_gather=p.overlap_param_gather,
+                host_ms_per_kernel=host_ms_per_kernel(p),
+            )
             out.append(
                 ComposedStep(
                     graph=graph,
@@ -289,10 +296,13 @@ class StepComposer:
         n_base = int(sizes[: len(bases)].sum())
         step_seg = np.repeat(np.arange(len(batch.steps)), sizes[len(bases) :])
         is_optimizer = columns["op"][n_base:] == "optimizer"
+        is_gather = np.char.endswith(columns["name"][n_base:].astype(str), PARAM_GATHER_SUFFIX)
 
         plan = BodyPlan(batch.bodies, overlap_grad_reduce=self.overlap_grad_reduce)
         m = np.array([c.parallel.num_microbatches for c in configs], dtype=float)
         overlap = np.array([c.parallel.overlap_grad_reduce for c in configs], dtype=bool)
+        overlap_gather = np.array([c.parallel.overlap_param_gather for c in configs], dtype=bool)
+        host = np.array(batch.body_hosts, dtype=float)
         results: list[dict[str, np.ndarray]] = []
         for k, node_ms in enumerate(times[:3]):  # median, lower and upper bounds
             same = next((results[j] for j in range(k) if np.array_equal(times[j], node_ms)), None)
@@ -302,9 +312,12 @@ class StepComposer:
             step_ms = node_ms[n_base:]
             dp_sync = np.bincount(step_seg, np.where(is_optimizer, 0.0, step_ms), minlength=len(batch.steps))
             optimizer = np.bincount(step_seg, np.where(is_optimizer, step_ms, 0.0), minlength=len(batch.steps))
-            stages = plan.stages(node_ms[body_rows], HOST_MS_PER_KERNEL)
+            gather = np.bincount(step_seg, np.where(is_gather, step_ms, 0.0), minlength=len(batch.steps))
+            stages = plan.stages(node_ms[body_rows], host)
             sync, optim = dp_sync[batch.steps_of], optimizer[batch.steps_of]
-            results.append(plan.finish(stages, batch.body_of, m, sync, optim, overlap_grad_reduce=overlap))
+            results.append(plan.finish(stages, batch.body_of, m, sync, optim, overlap_grad_reduce=overlap,
+                                       param_gather_ms=gather[batch.steps_of],
+                                       overlap_param_gather=overlap_gather))  # fmt: skip
         ood = times[3]
         body_ood = np.bincount(plan.seg, ood[body_rows], minlength=len(batch.bodies)) > 0
         step_ood = np.bincount(step_seg, ood[n_base:] & ~is_optimizer, minlength=len(batch.steps)) > 0
@@ -394,7 +407,8 @@ class _Batch:
 
     Attributes:
         clusters: one cluster per link key (:func:`_link_key`).
-        bodies, body_links: each distinct (body, cluster) of the batch; ``body_of`` maps configs to them.
+        bodies, body_links, body_hosts: each distinct (body, cluster, host time per kernel: 0 under
+            CUDA graphs) of the batch; ``body_of`` maps configs to them.
         steps, step_links: each distinct (step nodes, cluster); ``steps_of`` maps configs to them.
     """
 
@@ -408,7 +422,7 @@ class _Batch:
         shape_of: dict[tuple[int, int, int], tuple[int, int]] = {}  # (model, layout, gpus per node) objects
         template_list: list[BodyTemplate] = []
         step_list: list[dict[str, np.ndarray]] = []
-        bodies: dict[tuple[int, str], int] = {}
+        bodies: dict[tuple[int, str, float], int] = {}
         steps: dict[tuple[int, str], int] = {}
         self.body_of = np.empty(len(configs), dtype=np.int64)
         self.steps_of = np.empty(len(configs), dtype=np.int64)
@@ -433,10 +447,11 @@ class _Batch:
                     step_sets[skey] = len(step_list)
                     step_list.append(_STEP_OPS.get((c.model, skey[1]), build_step_ops, c.model, p, cluster))
                 shape = shape_of[(id(c.model), id(p), gpn)] = (templates[bkey], step_sets[skey])
-            self.body_of[i] = bodies.setdefault((shape[0], link), len(bodies))
+            self.body_of[i] = bodies.setdefault((shape[0], link, host_ms_per_kernel(p)), len(bodies))
             self.steps_of[i] = steps.setdefault((shape[1], link), len(steps))
-        self.bodies = [template_list[k] for k, _ in bodies]
-        self.body_links = [link for _, link in bodies]
+        self.bodies = [template_list[k] for k, _, _ in bodies]
+        self.body_links = [link for _, link, _ in bodies]
+        self.body_hosts = [host for _, _, host in bodies]
         self.steps = [step_list[k] for k, _ in steps]
         self.step_links = [link for _, link in steps]
 
