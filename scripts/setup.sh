@@ -11,4 +11,4 @@ fi
 # torch first, pinned: this machine keeps a CPU build of 2.13.0 on disk; an unpinned
 # torch would pull a multi-GB CUDA build. The project itself asks only torch>=2.2.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
-.venv/bin/python -m pip install --quiet -e ".[test]"
+.venv/bin/python -m pip install --quiet -e ".[all,test]"

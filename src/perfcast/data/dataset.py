@@ -26,7 +26,7 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +107,7 @@ def build_card(
         "name": name,
         "source": source,
         "how_measured": how_measured,
-        "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         "perfcast_version": perfcast_version(),
         "tables": {kind: _summary(df) for kind, df in tables.items()},
         "rejected": {

@@ -73,13 +73,14 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfcast._optional import require
 from perfcast.data.dataset import CARD_FILE, DATASET_ENTRIES, PARTIAL_DIR, TABLE_FILES, read_card, write_dataset
 from perfcast.data.schema import COLLECTIVE_OP_NAMES, GEMM_OP_NAMES, DType, OpType, shape_columns
 from perfcast.data.tables import OP_COLUMNS
@@ -242,6 +243,7 @@ class ProfileResult:
 
 
 def _torch() -> Any:
+    require("torch", purpose="perfcast profile")
     import torch
 
     return torch
@@ -875,7 +877,7 @@ def estimate_op_s(
 
 
 def _now_utc() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _clean_row(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -43,7 +43,7 @@ import shutil
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -239,7 +239,7 @@ def save_bundle(
             "xgboost_version": _xgboost_version(),
             "feature_spec_version": FEATURE_SPEC_VERSION,
             "catalog_sha256": catalog_hash(),
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
             "datasets": dict(datasets or {}),
             "metrics": dict(metrics or {}),
             "models": {},

@@ -60,7 +60,7 @@ import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -520,7 +520,7 @@ def fit_correction(
             loo = _cross_fitted_residuals(cls_ops, cls, cls_kinds, r)
         if len(r) >= MIN_OPS_FOR_SPREAD:
             spread[cls] = np.sort(loo).tolist()
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     return GpuCorrection(
         gpu=gpu,
         shifts=shifts,

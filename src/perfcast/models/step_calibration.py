@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -189,7 +189,7 @@ def fit_step_correction(
         n_runs=k,
         log_residuals=residual.tolist(),
         model=model,
-        created_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         predictor=predictor,
         excluded=excluded,
     )

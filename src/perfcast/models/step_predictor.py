@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfcast._optional import require
 from perfcast.errors import SpecError
 from perfcast.features.run_config import RunConfig
 from perfcast.features.run_features import featurize_runs
@@ -41,6 +42,7 @@ def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[
     """What ``model.predict`` takes for these configs: run features, or step graphs for a GNN
     (a step model says which through its ``inputs`` class attribute)."""
     if getattr(model, "inputs", "run_features") == "graphs":
+        require("torch", "torch_geometric", purpose="a GNN step model")
         from perfcast.models.gnn import step_graphs
 
         return step_graphs(configs, steps)

@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 
+from perfcast._optional import require
 from perfcast.errors import SpecError
 from perfcast.serve.calibration_store import calibration_dir
 
@@ -70,6 +71,7 @@ def dask_client(address: str, n_workers: int = 2, timeout_s: float = 30.0) -> It
     Raises:
         SpecError: no scheduler answers at ``address`` within ``timeout_s`` seconds.
     """
+    require("dask", "distributed", purpose="--dask")
     from distributed import Client, LocalCluster
 
     if address == LOCAL:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from perfcast._optional import require
 from perfcast.errors import PerfcastError
 from perfcast.serve.service_limits import ServiceLimits
 
@@ -64,6 +65,11 @@ def serve_command(
 ) -> None:
     """Serve predictions over HTTP: POST /v1/predict/ops, /v1/predict/steps, /v1/search; GET /v1/hardware,
     /v1/models. The service reads no file a request names unless it lies in a --model-dir folder."""
+    try:
+        require("fastapi", "uvicorn", purpose="perfcast serve")
+    except PerfcastError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(code=EXIT_USER_ERROR) from None
     import uvicorn
 
     os.environ[MODEL_ENV] = model or ""

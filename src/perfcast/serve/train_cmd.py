@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 
@@ -25,7 +25,7 @@ def _pyfunc_code() -> str:
 
 
 def _default_output() -> Path:
-    return Path("bundles") / f"ops-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    return Path("bundles") / f"ops-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
 @train_app.command("ops")
@@ -115,7 +115,7 @@ def train_steps_command(
     from perfcast.serve.predictors import load_op_predictor
     from perfcast.training.train_steps import load_runs, train_step_predictor
 
-    out = output or Path("bundles") / f"steps-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%SZ')}"
+    out = output or Path("bundles") / f"steps-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
     def run() -> None:
         frames = [load_runs(data, [s.strip() for s in sources.split(",") if s.strip()])] if data else []

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfcast._optional import require
 from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
 from perfcast.features.model import ModelSpec
@@ -343,6 +344,7 @@ def fit_step_estimator(table: StepTable, train: np.ndarray, model_type: str, **p
     if model_type == "gbdt":
         return fit_step_model(table, train, **params)
     if model_type == "gnn":
+        require("torch", "torch_geometric", purpose="training a GNN step model")
         from perfcast.models.gnn import StepGNNRegressor, step_graphs
 
         rows = np.flatnonzero(train)
