@@ -69,9 +69,9 @@ def test_show_table_lists_fields():
 
 
 def test_show_unknown_exits_2_with_one_line_on_stderr():
-    result = runner.invoke(hardware_app, ["show", "h100-sxm5-80g"])
+    result = runner.invoke(hardware_app, ["show", "h10-sxm5-80gb"])
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1
-    assert "h100-sxm5-80g" in lines[0] and "did you mean" in lines[0]
+    assert "h10-sxm5-80gb" in lines[0] and "did you mean" in lines[0]
     assert result.stdout == ""
