@@ -231,3 +231,11 @@ def test_stage_layer_columns_are_parsed_and_checked():
         parse_run_row({**LLAMA_405B_PP8, "account_for_loss_in_pipeline_split": "maybe"})
     with pytest.raises(SpecError, match=r"leave 2 of num_layers=126 for 6 other pipeline ranks"):
         parse_run_row({**LLAMA_405B_PP8, "vpp": 1, "first_stage_layers": 100, "last_stage_layers": 24})
+
+
+def test_an_unknown_model_name_beside_a_complete_shape_is_a_label():
+    shape = {"num_layers": 32, "hidden_size": 4096, "num_heads": 32, "vocab_size": 50368}
+    config = parse_run_row({"model": "mpt-7b", **shape, "gpu": "a100-sxm4-80gb"})
+    assert config.model.name == "mpt-7b" and config.model.num_layers == 32
+    with pytest.raises(UnknownEntryError, match="mpt-7b"):
+        parse_run_row({"model": "mpt-7b", "num_layers": 32, "gpu": "a100-sxm4-80gb"})  # not a full shape

@@ -30,7 +30,7 @@ from perfcast.data.schema import (
     parse_flag,
 )
 from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS
-from perfcast.errors import PerfcastError, SpecError
+from perfcast.errors import PerfcastError, SpecError, UnknownEntryError
 from perfcast.features.frameworks import Framework, framework_fields
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
@@ -69,6 +69,8 @@ _INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_f
 _BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
 
 
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
+"""The model fields a row must give when it names no preset or config (the rest have defaults)."""
 DEFAULT_LORA_RANK = 16
 """Adapter rank of a ``finetune=lora`` row that states none (or 0)."""
 DEFAULTED_COLUMN = "defaulted_fields"
@@ -224,12 +226,20 @@ class _RowParser:
     def parse(self, cells: Mapping[str, Any]) -> RunConfig:
         """The config of one row's present cells; raises the first bad cell's or rule's SpecError."""
         model_fields = _fields(cells, MODEL_FIELDS)
+        shaped = all(f in model_fields for f in SHAPE_FIELDS)
         if "model" in cells:
             ref = cells["model"]
             key = ("model", model_key(ref), *model_fields.items())
-            model = self._memo(key, _referenced_model, self._models, ref, model_fields)
+            try:
+                model = self._memo(key, _referenced_model, self._models, ref, model_fields)
+            except UnknownEntryError:
+                if not shaped:
+                    raise
+                # an unknown name beside a complete shape is a label: the fields define the model
+                named = {**model_fields, "name": str(ref)}
+                model = self._memo(("fields", *named.items()), _validate, ModelSpec, named, "model")
         else:
-            missing = [f for f in ("num_layers", "hidden_size", "num_heads", "vocab_size") if f not in model_fields]
+            missing = [f for f in SHAPE_FIELDS if f not in model_fields]
             if missing:
                 raise SpecError(f"missing model fields {', '.join(missing)}: give them or a `model` preset/config path")
             model = self._memo(("fields", *model_fields.items()), _validate, ModelSpec, model_fields, "model")
