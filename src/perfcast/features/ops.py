@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import DType, OpType
+from perfcast.data.schema import TRUE_WORDS, DType, OpType
 from perfcast.errors import SpecError
 
 
@@ -140,7 +140,7 @@ def flag_column(ops: OpColumns, name: str) -> np.ndarray:
 
 def _truthy(value: object) -> bool:
     if isinstance(value, str):
-        return value.strip().lower() in {"1", "true", "yes", "y", "t"}
+        return value.strip().lower() in TRUE_WORDS
     if value is None or pd.isna(value):
         return False
     return bool(value)
