@@ -91,6 +91,7 @@ from perfcast.features.run_features import (
     RUN_FEATURE_SPEC,
     RUN_FEATURE_SPEC_VERSION,
 )
+from perfcast.models.physics_bounds import MFUCeiling
 
 __all__ = [
     "DEFAULT_FEATURES",
@@ -163,6 +164,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         feature_ranges_: ``(2, len(domain_features_))`` training minimum and maximum of each.
         latest_release_: the newest software release of the training rows (NaN if none
             stated one or the release is not a used feature), given to queries that state none.
+        mfu_ceiling_: the :class:`~perfcast.models.physics_bounds.MFUCeiling` given to ``fit``
+            (or None); the step predictor raises steps to its floor.
     """
 
     inputs = "run_features"
@@ -204,7 +207,14 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
     # ------------------------------------------------------------------------ fit
 
     def fit(
-        self, X: pd.DataFrame, y: Any, *, groups: Any = None, domain_groups: Any = None, sample_weight: Any = None
+        self,
+        X: pd.DataFrame,
+        y: Any,
+        *,
+        groups: Any = None,
+        domain_groups: Any = None,
+        sample_weight: Any = None,
+        mfu_ceiling: Any = None,
     ) -> Self:
         """Fit the booster on all rows and the conformal residuals on held-out groups.
 
@@ -216,6 +226,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             domain_groups: optional hardware/software label per row (e.g. source, GPU
                 type and release); each is held out in turn for the domain residuals.
             sample_weight: optional non-negative weight per row.
+            mfu_ceiling: optional :class:`~perfcast.models.physics_bounds.MFUCeiling` fitted on
+                the same runs; kept as ``mfu_ceiling_`` (saved with the model) for the step
+                predictor's physics floor. ``None`` leaves the floor at MFU 1.
 
         Raises:
             SpecError: bad shapes, missing columns, non-positive times, fewer than 2 groups.
@@ -259,6 +272,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.feature_ranges_ = _ranges(data[:, check])
         self.booster_ = self._train(data, target, weights)
         self.n_features_in_ = len(names)
+        self.mfu_ceiling_ = mfu_ceiling
         return self
 
     def _held_out_scores(
@@ -404,6 +418,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "domain_features": list(self.domain_features_),
             "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "latest_release": None if np.isnan(self.latest_release_) else self.latest_release_,
+            "mfu_ceiling": None if getattr(self, "mfu_ceiling_", None) is None else self.mfu_ceiling_.to_dict(),
             "booster_file": BOOSTER_FILE,
         }
 
@@ -442,6 +457,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             model.feature_ranges_ = np.array(meta.get("feature_ranges", [[], []]), dtype=float).reshape(2, n)
             latest = meta.get("latest_release")
             model.latest_release_ = float("nan") if latest is None else float(latest)
+            # bundles saved before the physics floor: none (the predictor bounds MFU by 1)
+            ceiling = meta.get("mfu_ceiling")
+            model.mfu_ceiling_ = None if ceiling is None else MFUCeiling.from_dict(ceiling)
             file = path / meta["booster_file"]
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"step model metadata in {path} is malformed: {exc!r}") from None

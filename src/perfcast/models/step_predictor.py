@@ -10,6 +10,13 @@ A :class:`StepPredictor` answers "how long is one training step of these configs
    :class:`~perfcast.models.gnn.StepGNNRegressor` (GNN on the workload graph). Its
    interval replaces the composed one.
 
+Physics floor (:mod:`perfcast.models.physics_bounds`): the median and both interval bounds
+are raised to the step's model FLOPs at the MFU ceiling of its GPU generation and dtype
+class, the step model's ``mfu_ceiling_`` (best measured MFU of its training runs + 10%),
+or MFU 1 (compute at datasheet peak) for a predictor without one (analytic, composed,
+bundles trained before the bound). No column names a raised row: its ``mfu`` output then
+equals the ceiling.
+
 Breakdown rule: the parts of the composed step (compute, exposed communication per group,
 bubble, data-parallel sync, optimizer) are scaled by ``step_ms / composed_step_ms`` so
 they still add up to the predicted step; ``composed_step_ms`` keeps the uncorrected sum.
@@ -28,6 +35,7 @@ from perfcast.errors import SpecError
 from perfcast.features.run_config import RunConfig
 from perfcast.features.run_features import featurize_runs
 from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
+from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 
 __all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "step_model_inputs"]
 
@@ -115,6 +123,10 @@ class StepPredictor:
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]
         if not self.interval:
             frame["step_lo_ms"] = frame["step_hi_ms"] = np.nan
+        ceiling = getattr(self.step_model, "mfu_ceiling_", None) or MFUCeiling()
+        frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
+            frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], ceiling.floor_ms(configs)
+        )
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
         frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / composed, axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)

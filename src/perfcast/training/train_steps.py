@@ -37,6 +37,7 @@ from perfcast.features.model import ModelSpec
 from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.features.run_features import featurize_runs
 from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
+from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.step_model import StepTimeRegressor
 from perfcast.training.metrics import spearman, summarize
 
@@ -305,7 +306,9 @@ def fit_step_model(
     the cluster size, as the model is used to extrapolate to other cluster sizes) and,
     with ``hold_out_domains``, from held-out :func:`domain_groups` (GPU type and release).
     With ``balance_sources`` each source's rows weigh the same in total, so a large table
-    (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48).
+    (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48). The model keeps an
+    :class:`~perfcast.models.physics_bounds.MFUCeiling` fitted on the same rows (the step
+    predictor's physics floor).
     """
     runs = table.runs[train]
     groups = runs["source"].astype(str) + ":" + runs[group_by].astype(str)
@@ -314,6 +317,9 @@ def fit_step_model(
         counts = runs["source"].map(runs["source"].value_counts()).to_numpy(dtype=float)
         weights = len(runs) / (counts * runs["source"].nunique())
     domains = domain_groups(table)[train] if hold_out_domains else None
+    idx = np.flatnonzero(train)
+    scopes = runs["timing_scope"].astype(str).tolist() if "timing_scope" in runs else None
+    ceiling = MFUCeiling().fit([table.configs[i] for i in idx], runs["measured_step_ms"].to_numpy(), scopes)
     model = StepTimeRegressor(**params)
     return model.fit(
         table.features[train],
@@ -321,6 +327,7 @@ def fit_step_model(
         groups=groups.to_numpy(),
         domain_groups=domains,
         sample_weight=weights,
+        mfu_ceiling=ceiling,
     )
 
 
@@ -353,14 +360,29 @@ def fit_step_estimator(table: StepTable, train: np.ndarray, model_type: str, **p
     raise SpecError(f"model_type={model_type!r} unknown; allowed: {', '.join(MODEL_TYPES)}")
 
 
-def predict_rows(model: Any, table: StepTable, rows: np.ndarray, coverage: float = 0.9) -> tuple[np.ndarray, ...]:
-    """``(pred, lo, hi)`` in ms of a fitted step model on the ``rows`` (boolean mask) of ``table``."""
+def predict_rows(
+    model: Any, table: StepTable, rows: np.ndarray, coverage: float = 0.9, *, bound: bool = True
+) -> tuple[np.ndarray, ...]:
+    """``(pred, lo, hi)`` in ms of a fitted step model on the ``rows`` (boolean mask) of ``table``.
+
+    With ``bound``, raised to the model's MFU-ceiling floor as the step predictor does
+    (:mod:`perfcast.models.physics_bounds`; MFU 1 for a model without a ceiling), each row's
+    model FLOPs counted for its ``timing_scope``.
+    """
     from perfcast.models.step_predictor import step_model_inputs
 
     idx = np.flatnonzero(rows)
-    X = step_model_inputs(model, [table.configs[i] for i in idx], [table.steps[i] for i in idx])
+    configs = [table.configs[i] for i in idx]
+    X = step_model_inputs(model, configs, [table.steps[i] for i in idx])
     interval = np.asarray(model.predict_interval(X, coverage=coverage), dtype=float)
-    return np.asarray(model.predict(X), dtype=float), interval[:, 0], interval[:, 1]
+    pred, lo, hi = np.asarray(model.predict(X), dtype=float), interval[:, 0], interval[:, 1]
+    if bound:
+        scopes = (
+            table.runs["timing_scope"].astype(str).to_numpy()[idx].tolist() if "timing_scope" in table.runs else None
+        )
+        ceiling = getattr(model, "mfu_ceiling_", None) or MFUCeiling()
+        pred, lo, hi, _ = apply_floor(pred, lo, hi, ceiling.floor_ms(configs, scopes))
+    return pred, lo, hi
 
 
 def evaluate_splits(table: StepTable, model_type: str, *, progress: Any = None, **params: Any) -> pd.DataFrame:
