@@ -49,3 +49,27 @@ def test_pyfunc_applies_the_bundles_own_calibrations_unless_told_not_to(tmp_path
     assert (out["pred_ms"].to_numpy() > pred * 1.2).all()
     off = _loaded({"calibration": False})
     np.testing.assert_allclose(off.predict(None, GEMMS)["pred_ms"].to_numpy(), pred)
+
+
+@pytest.mark.mlflow
+def test_a_logged_model_has_a_coverage_param_it_honours_and_carries_its_code(tmp_path: Path, monkeypatch) -> None:
+    import mlflow
+
+    from perfcast.training.tracking import log_pyfunc_model
+
+    monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "calibration"))
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    with mlflow.start_run():
+        info = log_pyfunc_model(default_bundle_path(), kind="steps")
+    assert [p.name for p in info.signature.params] == ["coverage"]
+    model = mlflow.pyfunc.load_model(info.model_uri)
+    runs = pd.DataFrame([{"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "gpu": "h100-sxm5-80gb",
+                          "num_gpus": 8}])  # fmt: skip
+    narrow, wide = (model.predict(runs, params={"coverage": c}) for c in (0.5, 0.95))
+    assert (wide["step_hi_ms"] - wide["step_lo_ms"]).iloc[0] > (narrow["step_hi_ms"] - narrow["step_lo_ms"]).iloc[0]
+    ops = model.predict(GEMMS)
+    assert (ops["pred_ms"] > 0).all()  # one model answers both table kinds
+    local = Path(mlflow.artifacts.download_artifacts(info.model_uri))
+    requirements = (local / "requirements.txt").read_text()
+    assert (local / "code" / "perfcast" / "serve" / "batch.py").is_file()
+    assert "perfcast" not in requirements and "xgboost-cpu==" in requirements

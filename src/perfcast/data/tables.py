@@ -142,6 +142,9 @@ RUN_OUTPUT_COLUMNS: tuple[str, ...] = (
 )
 """Columns batch step prediction adds (ms, GiB, fraction 0..1, tokens/s)."""
 
+DEFAULT_COVERAGE = 0.9
+"""Nominal coverage of the prediction intervals (``*_lo_ms``..``*_hi_ms``) unless asked otherwise."""
+
 ERROR_COLUMN = "error"
 """Column holding the reason a row is not a valid config (empty when valid)."""
 

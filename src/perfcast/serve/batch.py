@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.schema import OP_BOOL_COLUMNS, OP_INT_COLUMNS, DType, check_whole_number, parse_flag
-from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
+from perfcast.data.tables import DEFAULT_COVERAGE, ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import HardwareSpec, collective_cluster, resolve_gpu_name
@@ -34,7 +34,6 @@ from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_COVERAGE = 0.9
 
 ProgressFn = Callable[[int], None]
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import UTC, datetime
-from importlib import resources
 from pathlib import Path
 
 import typer
@@ -14,14 +13,8 @@ from rich.table import Table
 from perfcast.errors import PerfcastError
 
 EXIT_USER_ERROR = 2
-PIP_REQUIREMENTS = ("perfcast", "xgboost-cpu", "mlflow", "pandas", "pyarrow", "pydantic", "scikit-learn")
 train_app = typer.Typer(help="Train predictors; every run is tracked in MLflow.", no_args_is_help=True)
 _err = Console(stderr=True, soft_wrap=True)
-
-
-def _pyfunc_code() -> str:
-    """Path of the models-from-code file MLflow logs for the pyfunc flavour."""
-    return str(resources.files("perfcast.serve").joinpath("pyfunc_model.py"))
 
 
 def _default_output() -> Path:
@@ -73,7 +66,7 @@ def train_ops_command(
             _err.print(f"fit {result.n_compute_rows} compute + {result.n_collective_rows} collective rows in "
                        f"{result.fit_seconds:.1f} s; bundle: {result.bundle_path}")  # fmt: skip
             if track:
-                _log_model(result.bundle_path, register or None)
+                _log_model(result.bundle_path, register or None, "ops")
 
         if dask is None:
             _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
@@ -139,7 +132,7 @@ def train_steps_command(
             _err.print(f"fit on {result.n_runs} runs ({result.n_invalid} invalid configs left out) in "
                        f"{result.fit_seconds:.1f} s; bundle: {result.bundle_path}")  # fmt: skip
             if track:
-                _log_model(result.bundle_path, register or None)
+                _log_model(result.bundle_path, register or None, "steps")
 
         _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
@@ -180,16 +173,10 @@ def _guarded(run: Callable[[], None]) -> None:
         raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
-def _log_model(bundle: Path, register: str | None) -> None:
-    import mlflow
+def _log_model(bundle: Path, register: str | None, kind: str) -> None:
+    from perfcast.training.tracking import log_pyfunc_model
 
-    info = mlflow.pyfunc.log_model(
-        name="model",
-        python_model=_pyfunc_code(),
-        artifacts={"bundle": str(bundle)},
-        pip_requirements=list(PIP_REQUIREMENTS),
-        registered_model_name=register,
-    )
+    info = log_pyfunc_model(bundle, kind=kind, register=register)
     where = f"models:/{register}/{info.registered_model_version}" if register else info.model_uri
     _err.print(f"logged pyfunc model {info.model_uri}" + (f", registered as {where}" if register else ""))
 

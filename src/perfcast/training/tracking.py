@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -125,3 +126,67 @@ def log_table(table: pd.DataFrame, artifact_file: str) -> None:
     import mlflow
 
     mlflow.log_text(table.to_csv(index=False), artifact_file)
+
+
+def log_training_data(records: pd.DataFrame, *, name: str, context: str = "training") -> None:
+    """Record the table a model was fitted on as an MLflow dataset input of the active run
+    (its schema, row count and MLflow's content digest)."""
+    import mlflow
+
+    with warnings.catch_warnings():  # MLflow's schema hints about integer and mixed columns
+        warnings.simplefilter("ignore", UserWarning)
+        dataset = mlflow.data.from_pandas(records.reset_index(drop=True), name=name)
+    mlflow.log_input(dataset, context=context)
+
+
+MODEL_REQUIREMENTS = (
+    "numpy", "pandas", "pyarrow", "pydantic", "scikit-learn", "scipy", "xgboost-cpu", "mlflow", "matplotlib",
+    "typer", "rich",
+)  # fmt: skip
+"""Distributions the logged pyfunc imports, pinned to the installed versions (perfcast itself
+travels as code, so ``mlflow models serve`` builds its environment from a package index)."""
+
+
+def log_pyfunc_model(bundle: Path, *, kind: str, register: str | None = None) -> Any:
+    """Log ``bundle`` as an MLflow pyfunc model answering op and run tables (``kind``: which
+    table the input example shows, ``ops`` or ``steps``), and register it as ``register``.
+
+    The model carries perfcast's code (``code_paths``) and pinned requirements, a signature
+    whose params schema declares ``coverage`` (the interval's nominal coverage, honoured by
+    the pyfunc), and no input schema, since one model answers both table kinds.
+
+    Returns:
+        MLflow's ``ModelInfo``.
+    """
+    from importlib import metadata, resources
+
+    import mlflow
+    from mlflow.models import ModelSignature
+    from mlflow.types.schema import ParamSchema, ParamSpec
+
+    from perfcast.data.tables import DEFAULT_COVERAGE
+
+    signature = ModelSignature(params=ParamSchema([ParamSpec("coverage", "double", DEFAULT_COVERAGE)]))
+    package = Path(str(resources.files("perfcast")))
+    code = str(package.parent / "perfcast")
+    requirements = [f"{name}=={metadata.version(name)}" for name in MODEL_REQUIREMENTS]
+    with warnings.catch_warnings():  # MLflow's schema hint about the example's integer columns
+        warnings.simplefilter("ignore", UserWarning)
+        return mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(package / "serve" / "pyfunc_model.py"),
+            artifacts={"bundle": str(bundle)},
+            code_paths=[code],
+            pip_requirements=requirements,
+            signature=signature,
+            input_example=INPUT_EXAMPLES[kind],
+            registered_model_name=register,
+        )
+
+
+INPUT_EXAMPLES = {
+    "ops": pd.DataFrame([{"op": "matmul", "m": 4096, "n": 4096, "k": 4096, "dtype": "bf16", "gpu": "h100-sxm5-80gb"}]),
+    "steps": pd.DataFrame([{"model": "llama3-8b", "tp": 2, "dp": 4, "micro_batch": 1, "global_batch": 64,
+                            "gpu": "h100-sxm5-80gb", "num_gpus": 8}]),
+}  # fmt: skip
+"""One row of each table kind, the logged model's input example."""

@@ -104,6 +104,7 @@ def train_op_predictor(
         tracking.log_params({"rows.compute": len(compute), "rows.collective": len(collective),
                              "gpus": ",".join(sorted(records["gpu"].astype(str).unique()))})  # fmt: skip
         tracking.log_datasets(cards or {})
+        tracking.log_training_data(records, name="op-records")
 
     logo = None
     if evaluate and compute["gpu"].nunique() >= 2:

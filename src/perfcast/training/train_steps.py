@@ -478,6 +478,7 @@ def train_step_predictor(
         tracking.log_params({"model_type": model_type, "n_runs": len(table.runs), "n_invalid": len(table.errors),
                              **{f"runs.{k}": v for k, v in sources.items()}, **params})  # fmt: skip
         tracking.log_metrics({**metrics, "fit_seconds": fit_seconds})
+        tracking.log_training_data(table.runs, name="run-records")
         if evaluation is not None:
             tracking.log_table(evaluation, "evaluation/steps.csv")
         tracking.log_bundle_dir(path)
