@@ -405,3 +405,25 @@ def test_json_tables_in_and_out(tmp_path, suffix):
     result = CliRunner().invoke(app, ["predict", "steps", str(src), "-o", str(dst), "--model", "analytic"])
     assert result.exit_code == 0, result.output
     assert (read_table(dst)["step_ms"].notna()).sum() >= 1 and len(read_table(dst)) == 3
+
+
+def test_predict_steps_plot_draws_the_breakdown(tmp_path):
+    import matplotlib.image
+
+    plot = tmp_path / "breakdown.png"
+    args = [
+        "predict",
+        "steps",
+        "-o",
+        str(tmp_path / "p.csv"),
+        "--model",
+        "analytic",
+        "--plot",
+        str(plot),
+        "--show",
+        "0",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert matplotlib.image.imread(plot).shape[0] > 200
+    assert "compute_ms" in read_table(tmp_path / "p.csv").columns  # --plot turns the breakdown on

@@ -82,3 +82,14 @@ def test_cli_refuses_a_bad_output_before_searching(tmp_path) -> None:
     for target in (tmp_path / "x.txt", tmp_path):
         result = CliRunner().invoke(app, [*args, "-o", str(target)])
         assert result.exit_code == 2 and "layouts" not in result.output, result.output
+
+
+def test_cli_search_plot_is_a_picture(tmp_path) -> None:
+    import matplotlib.image
+
+    plot = tmp_path / "search.png"
+    args = ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--gpu", "h100-sxm5-80gb", "--num-gpus", "4",
+            "--global-batch", "16", "--predictor", "analytic", "--top", "0", "--plot", str(plot)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert matplotlib.image.imread(plot).shape[0] > 200

@@ -33,6 +33,8 @@ from perfcast.serve.train_cmd import train_app
 
 EXIT_USER_ERROR = 2
 ERROR_PREVIEW_CHARS = 48
+PLOT_ROWS = 40
+"""Configs ``--plot`` draws (the first valid ones)."""
 MAX_TABLE_ROWS = 10_000
 """Most rows ``--format table`` prints (write a file for more)."""
 FORMAT_HELP = "Output format: table (on stdout), csv, json or jsonl; default: the -o suffix, csv for -o -."
@@ -243,6 +245,9 @@ def predict_steps(
     breakdown: bool = typer.Option(
         False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."
     ),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Save a PNG of where each config's step time goes (turns on --breakdown)."
+    ),
     calibration: bool = typer.Option(
         True, "--calibration/--no-calibration", help="Apply stored per-cluster corrections (perfcast calibrate steps)."
     ),
@@ -255,9 +260,10 @@ def predict_steps(
     def run() -> None:
         path = _input(input_path, "runs.csv")
         target = _target(output, fmt)
+        parts = breakdown or plot is not None
         if dask:
-            if breakdown:
-                raise SpecError("--breakdown is not available with --dask; predict without --dask for the parts")
+            if parts:
+                raise SpecError("--breakdown and --plot are not available with --dask; predict without --dask")
             from perfcast.serve.dask_predict import predict_table_dask
 
             result = predict_table_dask(path, "steps", address=dask, ref=model, coverage=coverage,
@@ -266,9 +272,12 @@ def predict_steps(
             rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
         else:
             predictor = load_calibrated_predictor("steps", model, calibration)
-            done = _stream(path, output, "steps", predictor, target, coverage=coverage, breakdown=breakdown)
+            done = _stream(path, output, "steps", predictor, target, coverage=coverage, breakdown=parts,
+                           preview_rows=max(show, PLOT_ROWS if plot else 0))  # fmt: skip
             rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
         _report(preview, STEP_COLUMNS, f"step predictions ({name})", show, output, target, rows, n_bad)
+        if plot is not None:
+            _plot_breakdown(preview, plot)
 
     _run_guarded(run)
 
@@ -347,6 +356,19 @@ def _report(
     _err.print(f"wrote {rows} rows to {where} ({n_bad} invalid, reasons in `{ERROR_COLUMN}`)")
 
 
+def _plot_breakdown(preview: pd.DataFrame, plot: Path) -> None:
+    """Save the step-breakdown bars of the first valid configs of ``preview``."""
+    from perfcast.training.plots import step_breakdown_plot
+
+    valid = preview[preview[ERROR_COLUMN] == ""].head(PLOT_ROWS)
+    if valid.empty:
+        raise SpecError("--plot: no valid config to draw")
+    labels = valid.apply(lambda r: f"{_model_name(r)} {_layout(r)} {_fmt(r.get('num_gpus'))}x{r.get('gpu')}", axis=1)
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    step_breakdown_plot(valid, labels).savefig(plot, dpi=120)
+    _err.print(f"plot: {plot}")
+
+
 def _stream(path: Path, output: str, kind: str, predictor: object, target: str, **options: object):  # type: ignore[no-untyped-def]
     """Predict ``path`` into ``output`` chunk by chunk, with a progress bar on stderr
     (``--format table``: into memory, to print every row)."""
@@ -360,7 +382,8 @@ def _stream(path: Path, output: str, kind: str, predictor: object, target: str, 
         task = bar.add_task(kind, total=count_rows(path))
         advance = lambda n: bar.advance(task, n)  # noqa: E731
         if target == "table":
-            return stream_predict(path, None, kind, predictor, progress=advance, preview_rows=MAX_TABLE_ROWS, **options)
+            options["preview_rows"] = MAX_TABLE_ROWS
+            return stream_predict(path, None, kind, predictor, progress=advance, **options)
         return stream_predict(path, output, kind, predictor, progress=advance, fmt=target, **options)
 
 

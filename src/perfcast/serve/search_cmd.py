@@ -38,6 +38,9 @@ def search_command(
         DEFAULT_MAX_LAYOUTS, "--max-layouts", min=1, help="Most layouts enumerated (all GPU types together)."
     ),
     top: int = typer.Option(10, "--top", min=0, help="Layouts to print."),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Save a PNG of time (or cost) against memory of every ranked layout, Pareto front drawn."
+    ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write every ranked layout (.csv/.parquet)."),
 ) -> None:
     """Enumerate valid layouts, drop those that do not fit in memory, rank the rest by predicted step time."""
@@ -68,6 +71,12 @@ def search_command(
         except PerfcastError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=EXIT_USER_ERROR) from None
+    if plot is not None:
+        from perfcast.training.plots import search_plot
+
+        plot.parent.mkdir(parents=True, exist_ok=True)
+        search_plot(ranked, key="usd_per_step" if price is not None else "step_ms").savefig(plot, dpi=120)
+        _err.print(f"plot: {plot}")
     written = f"; all written to {output}" if output else ""
     _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
                f"{len(ranked)} ranked with {step_predictor.name}{written}")  # fmt: skip

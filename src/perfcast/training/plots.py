@@ -100,3 +100,65 @@ def measured_parity_plot(rows: pd.DataFrame, pred_col: str, lo_col: str, hi_col:
     ax.legend(fontsize=7, markerscale=1.5)
     fig.tight_layout()
     return fig
+
+
+STEP_PARTS = ("compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")
+"""Breakdown columns of a step drawn as their own segments (exposed communication adds one per group)."""
+
+
+def step_breakdown_plot(rows: pd.DataFrame, label: pd.Series, *, max_rows: int = 40) -> Figure:
+    """Where each config's step time goes: one horizontal stacked bar per row of ``rows`` (the
+    ``--breakdown`` columns of a step prediction, in ms), labelled by ``label``."""
+    comm = [c for c in rows.columns if c.startswith("comm_") and c.endswith("_ms") and rows[c].fillna(0).gt(0).any()]
+    parts = [c for c in (*STEP_PARTS[:1], *comm, *STEP_PARTS[1:]) if c in rows.columns]
+    shown = rows.head(max_rows)
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(shown) + 1.6))
+    left = np.zeros(len(shown))
+    y = np.arange(len(shown))[::-1]
+    for name in parts:
+        width = shown[name].fillna(0).to_numpy(float) / 1e3
+        ax.barh(y, width, left=left, label=name.removesuffix("_ms").replace("comm_", "exposed comm "))
+        left += width
+    ax.set_yticks(y, label.head(max_rows).astype(str).tolist(), fontsize=7)
+    ax.set(xlabel="step time (s)", title="where the step time goes")
+    ax.legend(fontsize=7, ncols=2, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def search_plot(ranked: pd.DataFrame, *, key: str = "step_ms") -> Figure:
+    """Ranked layouts: ``key`` (step time in ms, or ``usd_per_step``) against peak memory per GPU,
+    with interval bars (step time), one colour per GPU type, hollow markers where the prediction
+    extrapolates, and the Pareto front (no layout both faster and lighter) drawn as a line."""
+    fig, ax = plt.subplots(figsize=(7, 5))
+    scale = 1e3 if key == "step_ms" else 1.0
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (gpu, block) in enumerate(ranked.groupby("gpu")):
+        colour = colours[i % len(colours)]
+        value = block[key].to_numpy(float) / scale
+        yerr = None
+        if (
+            key == "step_ms"
+            and {"step_lo_ms", "step_hi_ms"} <= set(block.columns)
+            and block["step_lo_ms"].notna().all()
+        ):
+            yerr = np.vstack([value - block["step_lo_ms"] / scale, block["step_hi_ms"] / scale - value])
+        ood = (
+            block["out_of_domain"].fillna(False).to_numpy(bool)
+            if "out_of_domain" in block
+            else np.zeros(len(block), bool)
+        )
+        if yerr is not None:
+            ax.errorbar(block["peak_mem_gib"], value, yerr=yerr, fmt="none", color=colour, alpha=0.25, elinewidth=0.6)
+        ax.scatter(block["peak_mem_gib"][~ood], value[~ood], s=14, color=colour, label=str(gpu))
+        if ood.any():
+            ax.scatter(block["peak_mem_gib"][ood], value[ood], s=14, facecolors="none", edgecolors=colour,
+                       label=f"{gpu} (extrapolates)")  # fmt: skip
+    front = ranked.sort_values(["peak_mem_gib", key])
+    front = front[front[key] <= front[key].cummin()]
+    ax.step(front["peak_mem_gib"], front[key] / scale, where="post", color="black", lw=1, label="Pareto front")
+    ax.set(xlabel="peak memory per GPU (GiB)", ylabel="step time (s)" if key == "step_ms" else key,
+           title="layouts that fit: time against memory")  # fmt: skip
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
