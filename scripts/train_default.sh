@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Train the default predictor shipped inside the package (src/perfcast/models/default_bundle)
 # on ../shared/data, tracked in the local MLflow store (./mlflow.db): first the op models on the
-# compute-op sources, then the step GBDT on the measured runs (vTrain, NeuSight, MLPerf) over the
-# steps those op models compose, evaluated on the held-out splits first.
+# compute-op sources, then the step GBDT on the measured runs (vTrain, NeuSight, MLPerf and the
+# published step tables of llm-foundry, torchtitan, NeMo and NeMo AutoModel) over the steps those op
+# models compose, evaluated on the held-out splits first. The step model keeps the MFU ceiling of its
+# training runs (the physics floor of every predicted step; src/perfcast/models/physics_bounds.py).
 #
 # - NeuSight fp32 GEMM and vector kernels (8 GPUs), DeepBench GEMMs (fp32/fp16), and Vidur's fp16
 #   GEMMs. Vidur's vector ops are left out: Vidur times them with record_function on the host,
@@ -39,4 +41,5 @@ PY
     --data data/h200-sxm-141gb \
     -o src/perfcast/models/default_bundle
 .venv/bin/perfcast train steps --model-type gbdt --register "" --data "$DATA" \
+    --sources vtrain,neusight,mlperf,published \
     --op-model src/perfcast/models/default_bundle -o src/perfcast/models/default_bundle

@@ -222,3 +222,22 @@ def test_a_query_without_a_release_takes_the_held_out_release_residuals_in_its_i
     stated, unstated = X.iloc[:10], X.iloc[:10].assign(**{RELEASE_COLUMN: np.nan})
     width = {k: np.diff(np.log(model.predict_interval(v)), axis=1).mean() for k, v in (("s", stated), ("u", unstated))}
     assert width["u"] > 2 * width["s"]  # a held-out release is off by up to log(1.3); a known one by noise
+
+
+def test_mfu_ceiling_saved_and_correction_scale(tmp_path):
+    from perfcast.models.physics_bounds import MFUCeiling
+
+    X, y, _ = _data()
+    ceiling = MFUCeiling()
+    ceiling.best_ = {("hopper", "tensor"): 0.45}
+    model = StepTimeRegressor(n_estimators=20, correction_scale=0.5).fit(X, y, mfu_ceiling=ceiling)
+    loaded = StepTimeRegressor._load_from(tmp_path, model._save_to(tmp_path))
+    assert loaded.mfu_ceiling_.best_ == ceiling.best_ and loaded.correction_scale == 0.5
+    full = StepTimeRegressor(n_estimators=20).fit(X, y)
+    composed = np.exp(X["log_composed_step_ms"].to_numpy())
+    half, whole = np.log(model.predict(X) / composed), np.log(full.predict(X) / composed)
+    np.testing.assert_allclose(half, 0.5 * whole, rtol=1e-5, atol=1e-9)
+    legacy = StepTimeRegressor._load_from(tmp_path, {**full._save_to(tmp_path), "mfu_ceiling": None})
+    assert legacy.mfu_ceiling_ is None
+    with pytest.raises(SpecError):
+        StepTimeRegressor(correction_scale=1.5).fit(X, y)
