@@ -75,3 +75,21 @@ def test_show_unknown_exits_2_with_one_line_on_stderr():
     assert len(lines) == 1
     assert "h10-sxm5-80gb" in lines[0] and "did you mean" in lines[0]
     assert result.stdout == ""
+
+
+def test_listings_print_machine_readable_formats():
+    import json
+
+    from perfcast.serve.cli import app as cli
+
+    hardware = [
+        json.loads(line) for line in runner.invoke(cli, ["hardware", "list", "--format", "jsonl"]).stdout.splitlines()
+    ]
+    assert {"h100-sxm5-80gb", "gb200-per-gpu"} <= {row["id"] for row in hardware}
+    presets = json.loads(runner.invoke(cli, ["models", "list", "--format", "json"]).stdout)
+    assert any(row["id"] == "llama3-8b" and row["params_b"] > 7 for row in presets)
+    shown = json.loads(runner.invoke(cli, ["models", "show", "llama3-8b"]).stdout)
+    assert shown["num_layers"] == 32 and shown["num_params"] > 7e9
+    ranked = runner.invoke(cli, ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--num-gpus", "4",
+                                 "--global-batch", "16", "--predictor", "analytic", "--format", "csv"])  # fmt: skip
+    assert ranked.exit_code == 0 and ranked.stdout.splitlines()[0].startswith("rank,")

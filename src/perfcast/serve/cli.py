@@ -6,6 +6,7 @@ stderr and exit with code 2; ``--debug`` shows the traceback instead.
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import warnings
@@ -26,6 +27,7 @@ from perfcast.serve.calibrate_steps_cmd import calibrate_steps_command
 from perfcast.serve.data_cmd import data_app
 from perfcast.serve.evaluate_cmd import evaluate_app
 from perfcast.serve.hardware_cmd import hardware_app
+from perfcast.serve.output import OutputFormat, echo_table
 from perfcast.serve.profile_cmd import profile_command
 from perfcast.serve.search_cmd import search_command
 from perfcast.serve.serve_cmd import serve_command
@@ -388,31 +390,36 @@ def _stream(path: Path, output: str, kind: str, predictor: object, target: str, 
 
 
 @models_app.command("list")
-def models_list() -> None:
+def models_list(
+    fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv, json or jsonl"),
+) -> None:
     """List the model presets with their parameter counts."""
     from perfcast.features.model import ModelSpec, list_models
 
-    table = Table(title="model presets")
-    for col in ("id", "layers", "hidden", "heads", "kv heads", "ffn", "experts", "params (B)"):
-        table.add_column(col)
+    rows = []
     for name in list_models():
         m = ModelSpec.from_name(name)
-        table.add_row(
-            name,
-            str(m.num_layers),
-            str(m.hidden_size),
-            str(m.num_heads),
-            str(m.kv_heads),
-            str(m.ffn_size),
-            str(m.num_experts),
-            f"{m.num_params / 1e9:.2f}",
-        )
+        rows.append({"id": name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
+                     "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn_size, "num_experts": m.num_experts,
+                     "params_b": round(m.num_params / 1e9, 2),
+                     "active_params_b": round(m.num_active_params / 1e9, 2)})  # fmt: skip
+    if fmt is not OutputFormat.TABLE:
+        echo_table(pd.DataFrame(rows), fmt)
+        return
+    table = Table(title="model presets")
+    for col in ("id", "layers", "hidden", "heads", "kv heads", "ffn", "experts", "params (B)", "active (B)"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[_fmt(v) if not isinstance(v, str) else v for v in row.values()])
     _out.print(table)
 
 
 @models_app.command("show")
-def models_show(name: str = typer.Argument(..., help="Preset id, or a config.json / spec JSON path.")) -> None:
-    """Print a model spec as JSON, with its parameter count."""
+def models_show(
+    name: str = typer.Argument(..., help="Preset id, or a config.json / spec JSON path."),
+    fmt: OutputFormat = typer.Option(OutputFormat.JSON, "--format", "-f", help="json (default), table, csv or jsonl"),
+) -> None:
+    """Print a model spec, with its parameter counts."""
     from perfcast.features.model import ModelSpec
 
     def run() -> None:
@@ -420,7 +427,15 @@ def models_show(name: str = typer.Argument(..., help="Preset id, or a config.jso
         data = m.model_dump(mode="json")
         data["num_params"] = m.num_params
         data["num_active_params"] = m.num_active_params
-        _out.print_json(data=data)
+        if fmt is OutputFormat.JSON:
+            typer.echo(json.dumps(data, indent=2))
+        elif fmt is OutputFormat.TABLE:
+            table = Table("field", "value", title=m.name)
+            for key, value in data.items():
+                table.add_row(key, _fmt(value) if isinstance(value, int | float) else str(value))
+            _out.print(table)
+        else:
+            echo_table(pd.DataFrame([{k: json.dumps(v) if isinstance(v, dict) else v for k, v in data.items()}]), fmt)
 
     _run_guarded(run)
 

@@ -1,21 +1,21 @@
 """``perfcast hardware``: browse the accelerator catalog.
 
-``list`` prints every catalog entry (table, CSV or JSON); ``show`` prints one entry,
+``list`` prints every catalog entry (table, CSV, JSON or JSON Lines); ``show`` prints one entry,
 found by id, alias or device name. Errors from perfcast (an unknown name, a bad format)
 print one line to stderr and exit with code 2.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 from enum import Enum
 from typing import Any
 
+import pandas as pd
 import typer
 
 from perfcast.errors import PerfcastError
+from perfcast.serve.output import OutputFormat, echo_table
 
 hardware_app = typer.Typer(
     help="Browse the hardware catalog: accelerator datasheets (dense peaks) and their aliases.",
@@ -36,14 +36,6 @@ LIST_COLUMNS: tuple[tuple[str, str], ...] = (
 )
 EXIT_USER_ERROR = 2
 PIPED_WIDTH = 160  # characters of table width when stdout is not a terminal
-
-
-class ListFormat(str, Enum):
-    """Output formats of ``perfcast hardware list``."""
-
-    TABLE = "table"
-    CSV = "csv"
-    JSON = "json"
 
 
 class ShowFormat(str, Enum):
@@ -94,7 +86,7 @@ def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
 
 @hardware_app.command("list")
 def list_command(
-    fmt: ListFormat = typer.Option(ListFormat.TABLE, "--format", "-f", help="table, csv or json"),
+    fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv, json or jsonl"),
 ) -> None:
     """List every accelerator of the catalog with its headline figures (link = bidirectional)."""
     try:
@@ -102,16 +94,9 @@ def list_command(
     except PerfcastError as exc:
         raise _fail(exc) from None
     headers = [header for header, _ in LIST_COLUMNS]
-    if fmt is ListFormat.JSON:
+    if fmt is not OutputFormat.TABLE:
         keys = [attr for _, attr in LIST_COLUMNS]
-        records = [dict(zip(keys, row.values(), strict=False)) for row in rows]
-        typer.echo(json.dumps(records, indent=2))
-    elif fmt is ListFormat.CSV:
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow([attr for _, attr in LIST_COLUMNS])
-        writer.writerows([[_cell(v) for v in row.values()] for row in rows])
-        typer.echo(buf.getvalue(), nl=False)
+        echo_table(pd.DataFrame([dict(zip(keys, row.values(), strict=True)) for row in rows]), fmt)
     else:
         _print_table("perfcast hardware catalog", headers, [[_cell(v) for v in row.values()] for row in rows])
 

@@ -10,6 +10,7 @@ from rich.progress import Progress
 from rich.table import Table
 
 from perfcast.errors import PerfcastError
+from perfcast.serve.output import OutputFormat, echo_table
 from perfcast.serve.search import DEFAULT_MAX_LAYOUTS
 
 EXIT_USER_ERROR = 2
@@ -38,6 +39,9 @@ def search_command(
         DEFAULT_MAX_LAYOUTS, "--max-layouts", min=1, help="Most layouts enumerated (all GPU types together)."
     ),
     top: int = typer.Option(10, "--top", min=0, help="Layouts to print."),
+    fmt: OutputFormat = typer.Option(
+        OutputFormat.TABLE, "--format", "-f", help="table (the best --top), or csv, json, jsonl (every layout)"
+    ),
     plot: Path | None = typer.Option(
         None, "--plot", help="Save a PNG of time (or cost) against memory of every ranked layout, Pareto front drawn."
     ),
@@ -80,7 +84,9 @@ def search_command(
     written = f"; all written to {output}" if output else ""
     _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
                f"{len(ranked)} ranked with {step_predictor.name}{written}")  # fmt: skip
-    if top:
+    if fmt is not OutputFormat.TABLE:
+        echo_table(ranked, fmt)
+    elif top:
         columns = [c for c in _SHOWN if c in ranked.columns]
         table = Table(*columns, title=f"best layouts of {model} on {num_gpus} GPUs, global batch {global_batch}")
         for row in ranked.head(top).to_dict("records"):
