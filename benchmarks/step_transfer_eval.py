@@ -169,7 +169,7 @@ def evaluate(table: StepTable, variants: dict[str, dict[str, Any]], log: Callabl
     scopes = runs["timing_scope"].astype(str).tolist()
     flops, peak = model_flops(table.configs, scopes), peak_flops(table.configs)
     measured = runs["measured_step_ms"].to_numpy(dtype=float)
-    cell = (runs["source"].astype(str) + " | " + [c.cluster.gpu.id for c in table.configs]).to_numpy()
+    cell = (runs["source"].astype(str) + " / " + [c.cluster.gpu.id for c in table.configs]).to_numpy()
     fits = predictors(table, flops, peak, scopes, variants)
     rows = []
     for split, train, tests in splits(table):
@@ -217,7 +217,7 @@ def markdown(result: pd.DataFrame, header: list[str], predictors_shown: list[str
     cells = result[(result["cell"] != "") & (result["n"] >= 3)]
     main = predictors_shown[0]
     worst = cells[cells["predictor"] == main].nlargest(12, "mape")
-    lines += [f"\n## Worst cells (split, test group, source | GPU; n >= 3) by {main} MAPE\n",
+    lines += [f"\n## Worst cells (split, test group, source / GPU; n >= 3) by {main} MAPE\n",
               "| split | test group | cell | n | " + " | ".join(f"{p} MAPE" for p in predictors_shown)
               + f" | {main} coverage |", "|---|---|---|---:|" + "---:|" * (len(predictors_shown) + 1)]  # fmt: skip
     for row in worst.to_dict("records"):
