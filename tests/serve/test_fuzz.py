@@ -111,7 +111,8 @@ sure_bad_text = {
     "gpu": st.sampled_from(("rtx-9090", f"gpu-{MARKER}", "abc")),
     "dtype": st.sampled_from(("fp64", "int8", MARKER)),
     "op": st.sampled_from(("conv2d", "abc", MARKER)),
-    "model": st.sampled_from(("llama-99t", f"nope-{MARKER}")),
+    # a missing config file (an unknown name beside a complete shape is only a label)
+    "model": st.sampled_from(("missing/llama-99t.json", f"nope/{MARKER}.json")),
 }
 
 

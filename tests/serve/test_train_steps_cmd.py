@@ -46,8 +46,9 @@ def runs_csv(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("model_type", ["gbdt", "gnn"])
 def test_trained_bundle_predicts_steps_closer_than_composition(runs_csv: Path, tmp_path: Path, model_type: str) -> None:
     out = tmp_path / "bundle"
+    scale = ["--correction-scale", "1"] if model_type == "gbdt" else []  # all of the learned correction
     result = runner.invoke(app, ["train", "steps", "--runs", str(runs_csv), "-o", str(out), "--no-track",
-                                 "--no-evaluate", "--model-type", model_type])  # fmt: skip
+                                 "--no-evaluate", "--model-type", model_type, *scale])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert load_bundle(out).step_model is not None
     runs = pd.read_csv(runs_csv)
@@ -125,3 +126,11 @@ def _serve_and_query(tracking_uri: str, model_uri: str, runs: pd.DataFrame, expe
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
+
+
+def test_the_default_applies_half_the_learned_correction(runs_csv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "half"
+    result = runner.invoke(app, ["train", "steps", "--runs", str(runs_csv), "-o", str(out), "--no-track",
+                                 "--no-evaluate"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert load_bundle(out).step_model.correction_scale == 0.5

@@ -13,6 +13,9 @@ from rich.table import Table
 from perfcast.errors import PerfcastError
 
 EXIT_USER_ERROR = 2
+DEFAULT_CORRECTION_SCALE = 0.5
+"""Share of the step GBDT's log correction applied by default: chosen on leave-one-source-out
+(benchmarks/results/step_transfer_eval.md), where the full correction transferred worse than half."""
 train_app = typer.Typer(help="Train predictors; every run is tracked in MLflow.", no_args_is_help=True)
 _err = Console(stderr=True, soft_wrap=True)
 
@@ -87,8 +90,17 @@ def train_steps_command(
         None, "--data", "-d", help="Folder with the measured run sources (vTrain, NeuSight, MLPerf files)."
     ),
     runs: list[Path] = typer.Option([], "--runs", help="Your own run tables with measured_step_ms (repeatable)."),
-    sources: str = typer.Option("vtrain,neusight,mlperf", "--sources", help="Run sources to read from --data."),
+    sources: str = typer.Option(
+        "vtrain,neusight,mlperf,published", "--sources", help="Run sources to read from --data."
+    ),
     model_type: str = typer.Option("gbdt", "--model-type", help="Step model: gbdt or gnn."),
+    correction_scale: float = typer.Option(
+        DEFAULT_CORRECTION_SCALE,
+        "--correction-scale",
+        min=0.0,
+        max=1.0,
+        help="GBDT: share of the learned log correction applied over the composed physics (1 = all of it).",
+    ),  # fmt: skip
     op_model: str | None = typer.Option(
         None, "--op-model", help="Op predictor bundle to compose with (default: shipped)."
     ),
@@ -125,8 +137,10 @@ def train_steps_command(
         _err.print(f"{len(table)} measured runs: {table['source'].value_counts().to_dict()}")
 
         def train() -> None:
+            params = {"correction_scale": correction_scale} if model_type == "gbdt" else {}
+            say = lambda msg: _err.print(f"[dim]{msg}[/dim]")  # noqa: E731
             result = train_step_predictor(table, bundle, output=out, model_type=model_type, evaluate=evaluate,
-                                          progress=lambda msg: _err.print(f"[dim]{msg}[/dim]"))  # fmt: skip
+                                          params=params, progress=say)  # fmt: skip
             if result.evaluation is not None:
                 _print_step_evaluation(result.evaluation)
             _err.print(f"fit on {result.n_runs} runs ({result.n_invalid} invalid configs left out) in "
