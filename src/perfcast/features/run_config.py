@@ -65,8 +65,10 @@ PARALLEL_FIELDS = (
     *PIPELINE_SPLIT_COLUMNS,
     *SOFTWARE_COLUMNS,
 )
-_INT_FIELDS = {*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"}
-_BOOL_FIELDS = {*RUN_BOOL_COLUMNS, "bias"}
+RUN_INT_FIELDS = frozenset({*RUN_INT_COLUMNS, "head_dim", "moe_ffn_hidden_size", "moe_layer_freq"})
+"""Run-row inputs that are whole numbers (ranges: :data:`perfcast.data.schema.FIELD_MAX`)."""
+RUN_BOOL_FIELDS = frozenset({*RUN_BOOL_COLUMNS, "bias"})
+"""Run-row inputs that are booleans."""
 
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
@@ -109,9 +111,9 @@ def _coerce(name: str, value: Any) -> Any:
     """Turn a table cell into the type of field ``name``; SpecError names bad values."""
     if name == "framework":
         return Framework.parse(value)
-    if name in _INT_FIELDS:
+    if name in RUN_INT_FIELDS:
         return check_whole_number(name, value)
-    if name in _BOOL_FIELDS:
+    if name in RUN_BOOL_FIELDS:
         return parse_flag(name, value)
     return str(value).strip() if isinstance(value, str) else value
 
@@ -140,7 +142,7 @@ def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
-    cells = {n: _cell(n, row[n]) for n in _CELL_FIELDS if n in row and _present(row[n])}
+    cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and _present(row[n])}
     return _RowParser(model_source).parse(cells)
 
 
@@ -150,7 +152,7 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
     Cells are converted a column at a time, and rows naming the same model, cluster or
     layout share one checked spec object, built once.
     """
-    columns = {n: _column_cells(n, runs[n]) for n in _CELL_FIELDS if n in runs.columns}
+    columns = {n: _column_cells(n, runs[n]) for n in RUN_INPUT_FIELDS if n in runs.columns}
     parser = _RowParser(model_source)
     out: list[RunConfig | PerfcastError] = []
     names = list(columns)
@@ -166,10 +168,12 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
 
 _ABSENT = object()
 """An empty cell."""
-_CELL_FIELDS = (
+RUN_INPUT_FIELDS = (
     *MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "inter_node",
     DEFAULTED_COLUMN
 )  # fmt: skip
+"""Every run-row input the parser reads (the other columns of a table pass through); the HTTP
+schema is built from this list, so the two cannot disagree."""
 _TEXT_FIELDS = frozenset(("model", "gpu", "inter_node", DEFAULTED_COLUMN))
 """Cells read as text (stripped), with no type of their own."""
 
@@ -190,11 +194,11 @@ def _column_cells(name: str, column: pd.Series) -> list[Any]:
     """:func:`_cell` of every cell of ``column`` (:data:`_ABSENT` where empty); whole-number
     and boolean columns convert at once."""
     kind = column.dtype.kind
-    if kind in "iu" and name in _INT_FIELDS:  # whole numbers already: convert at once when all are in range
+    if kind in "iu" and name in RUN_INT_FIELDS:  # whole numbers already: convert at once when all are in range
         exact_ints = bool(column.between(0 if name in FIELD_MIN_ZERO else 1, FIELD_MAX[name]).all())
     else:
         exact_ints = False
-    if exact_ints or (kind == "b" and name in _BOOL_FIELDS):
+    if exact_ints or (kind == "b" and name in RUN_BOOL_FIELDS):
         return column.tolist()
     return [_cell(name, v) if _present(v) else _ABSENT for v in column.tolist()]
 

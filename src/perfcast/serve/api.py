@@ -42,12 +42,12 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from perfcast.data.schema import FIELD_MAX, FIELD_MIN_ZERO
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
-from perfcast.features.run_config import DEFAULTED_COLUMN
+from perfcast.features.run_config import DEFAULTED_COLUMN, RUN_BOOL_FIELDS, RUN_INPUT_FIELDS, RUN_INT_FIELDS
 from perfcast.serve.batch import (
     DEFAULT_COVERAGE,
     OP_OUTPUT_NAMES,
@@ -104,71 +104,40 @@ class OpRow(BaseModel):
     nvlink_bridged: bool | None = Field(None, description="PCIe cards joined in pairs by NVLink bridges")
 
 
-class RunRow(BaseModel):
+_RUN_FIELD_DOCS = {
+    "model": "Preset id (GET /v1/models), a config as a JSON object (perfcast fields or a Hugging Face "
+    "config.json), or a config file in a folder the operator allowed",
+    "gpu": "Catalog id or device name",
+    "recompute": "none, selective or full",
+    "finetune": "full, sft or lora",
+    "framework": "megatron-core, megatron-deepspeed, torchtitan, pytorch-fsdp or deepspeed",
+    "nvlink_domain": "GPUs of one NVLink domain (72 on NVL72 racks)",
+    "defaulted_fields": "Names of inputs a reader filled by default (kept, with the parser's added)",
+}
+
+
+class _RunRowBase(BaseModel):
     """One run-table row (DESIGN.md "Interfaces"); other scalar fields are passed through."""
 
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, _Scalar]
 
-    model: Annotated[str, Field(max_length=4096)] | dict[str, Any] | None = Field(
-        None,
-        description="Preset id (GET /v1/models), a config as a JSON object (perfcast fields or a Hugging Face "
-        "config.json), or a config file in a folder the operator allowed",
-    )
-    num_layers: int | None = _size("num_layers")
-    hidden_size: int | None = _size("hidden_size")
-    num_heads: int | None = _size("num_heads")
-    num_kv_heads: int | None = _size("num_kv_heads")
-    ffn_hidden_size: int | None = _size("ffn_hidden_size")
-    vocab_size: int | None = _size("vocab_size")
-    seq_len: int | None = _size("seq_len")
-    num_experts: int | None = _size("num_experts")
-    top_k: int | None = _size("top_k")
-    gated_mlp: bool | None = None
-    tp: int | None = _size("tp")
-    pp: int | None = _size("pp")
-    dp: int | None = _size("dp")
-    cp: int | None = _size("cp")
-    ep: int | None = _size("ep")
-    etp: int | None = _size("etp", "Expert tensor parallelism (ep*etp folds over tp*cp*dp); default 1")
-    micro_batch: int | None = _size("micro_batch")
-    global_batch: int | None = _size("global_batch")
-    vpp: int | None = _size("vpp")
-    sequence_parallel: bool | None = None
-    zero_stage: int | None = _size("zero_stage")
-    recompute: str | None = Field(None, max_length=32, description="none, selective or full")
-    finetune: str | None = Field(None, max_length=32, description="full, sft or lora")
-    lora_rank: int | None = _size("lora_rank")
-    dtype: str | None = Field(None, max_length=32)
-    fp8_recipe: str | None = Field(
-        None, max_length=32, description="fp8 scaling: tensorwise, delayed, blockwise or mxfp8 (default from dtype)"
-    )
-    flash_attention: bool | None = None
-    overlap_grad_reduce: bool | None = Field(None, description="Data-parallel sync overlapped with the last backward")
-    account_for_embedding_in_pipeline_split: bool | None = Field(
-        None, description="The embedding counts as a layer of the first pipeline stage (Megatron-Core)"
-    )
-    account_for_loss_in_pipeline_split: bool | None = Field(
-        None, description="The loss counts as a layer of the last pipeline stage (Megatron-Core)"
-    )
-    first_stage_layers: int | None = _size("first_stage_layers", "Layers of the first pipeline stage")
-    last_stage_layers: int | None = _size("last_stage_layers", "Layers of the last pipeline stage")
-    framework: str | None = Field(
-        None,
-        max_length=64,
-        description="megatron-core, megatron-deepspeed (default), torchtitan, pytorch-fsdp or deepspeed; "
-        "its shipped defaults fill the unstated switches (docs/frameworks.md)",
-    )
-    tp_comm_overlap: bool | None = Field(None, description="TP collectives overlapped with GEMMs (async TP)")
-    overlap_param_gather: bool | None = Field(None, description="ZeRO-1/2 parameter all-gather behind the next forward")
-    fsdp_prefetch: bool | None = Field(None, description="ZeRO-3/FSDP weight gathers behind the previous layer")
-    cuda_graphs: bool | None = Field(None, description="CUDA graphs: no host dispatch floor")
-    torch_compile: bool | None = Field(None, description="torch.compile (recorded, not modelled)")
-    gpu: str = Field(..., max_length=200, description="Catalog id or device name")
-    num_gpus: int | None = _size("num_gpus")
-    gpus_per_node: int | None = _size("gpus_per_node")
-    nvlink_domain: int | None = _size("nvlink_domain", "GPUs of one NVLink domain (72 on NVL72 racks)")
-    inter_node: str | None = Field(None, max_length=200)
+
+def _run_row_field(name: str) -> tuple[Any, Any]:
+    """The type and Field of run-row input ``name``, from the parser's own lists."""
+    doc = _RUN_FIELD_DOCS.get(name)
+    if name == "model":
+        return Annotated[str, Field(max_length=4096)] | dict[str, Any] | None, Field(None, description=doc)
+    if name == "gpu":
+        return str, Field(..., max_length=200, description=doc)
+    if name in RUN_INT_FIELDS:
+        return int | None, _size(name, doc)
+    if name in RUN_BOOL_FIELDS:
+        return bool | None, Field(None, description=doc)
+    return str | None, Field(None, max_length=4096 if name == DEFAULTED_COLUMN else 200, description=doc)
+
+
+RunRow = create_model("RunRow", __base__=_RunRowBase, **{name: _run_row_field(name) for name in RUN_INPUT_FIELDS})  # type: ignore[call-overload]
 
 
 _Coverage = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0, allow_inf_nan=False)
