@@ -8,7 +8,7 @@ from perfcast.data.tables import read_table
 from perfcast.features.run_config import parse_run_row
 from perfcast.features.workload import build_workload_graph
 from perfcast.models.analytic import model_flops_per_step, predict_step
-from perfcast.serve.cli import _example
+from perfcast.serve.cli.predict_cmd import _example
 
 BASE = {"model": "gpt3-1.3b", "gpu": "h100-sxm5-80gb", "dp": 8, "micro_batch": 4, "global_batch": 256}
 

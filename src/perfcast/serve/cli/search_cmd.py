@@ -9,11 +9,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 from perfcast.serve.output import OutputFormat, echo_table
 from perfcast.serve.search import DEFAULT_MAX_LAYOUTS
 
-EXIT_USER_ERROR = 2
 _err = Console(stderr=True, soft_wrap=True)
 _SHOWN = ("rank", "gpu", "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "zero_stage", "step_ms",
           "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "tokens_per_s", "usd_per_million_tokens")  # fmt: skip
@@ -53,7 +52,7 @@ def search_command(
     from perfcast.serve.predictors import load_calibrated_predictor
     from perfcast.serve.search import search_layouts
 
-    try:
+    with user_errors():
         if output is not None:  # a bad output name fails before the search, not after it
             table_format(output)
             check_output_path(output)
@@ -65,16 +64,10 @@ def search_command(
                 inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), price_per_gpu_hour=price,
                 progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
             )  # fmt: skip
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
     ranked = result.ranked
     if output is not None:
-        try:
+        with user_errors():
             write_table(ranked, output)
-        except PerfcastError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(code=EXIT_USER_ERROR) from None
     if plot is not None:
         from perfcast.training.plots import search_plot
 

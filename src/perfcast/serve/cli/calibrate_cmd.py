@@ -24,8 +24,8 @@ from rich.table import Table
 
 from perfcast.errors import PerfcastError
 from perfcast.serve.calibration_store import FOLDER_HELP, calibration_dir
+from perfcast.serve.cli._guard import user_errors
 
-EXIT_USER_ERROR = 2
 CALIBRATION_FAMILIES = ("gemm", "elementwise", "norm", "softmax")
 LABEL_COLUMNS = ("batch", "m", "n", "k", "rows", "cols", "heads", "seq_q", "seq_kv", "head_dim", "bytes")
 """Shape columns that name a measured op in the report of rows left out."""
@@ -111,11 +111,8 @@ def calibrate_command(
             markup=False,
         )
 
-    try:
+    with user_errors():
         run()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 def op_labels(records: pd.DataFrame) -> Sequence[str]:

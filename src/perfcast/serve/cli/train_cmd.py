@@ -10,9 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 
-EXIT_USER_ERROR = 2
 DEFAULT_CORRECTION_SCALE = 0.5
 """Share of the step GBDT's log correction applied by default: chosen on leave-one-source-out
 (benchmarks/results/step_transfer_eval.md), where the full correction transferred worse than half."""
@@ -81,7 +80,8 @@ def train_ops_command(
             _err.print(f"training the boosters on Dask at {client.scheduler.address}")
             _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
-    _guarded(run)
+    with user_errors():
+        run()
 
 
 @train_app.command("steps")
@@ -150,7 +150,8 @@ def train_steps_command(
 
         _maybe_tracked(train, track=track, experiment=experiment, run_name=out.name)
 
-    _guarded(run)
+    with user_errors():
+        run()
 
 
 def _print_step_evaluation(evaluation) -> None:  # type: ignore[no-untyped-def]
@@ -176,15 +177,6 @@ def _maybe_tracked(train: Callable[[], None], *, track: bool, experiment: str, r
     with tracking.tracked_run(experiment, run_name=run_name) as active:
         train()
         _err.print(f"MLflow run {active.info.run_id} at {tracking.tracking_uri()}")
-
-
-def _guarded(run: Callable[[], None]) -> None:
-    """Run a command body; input errors print one line and exit with code 2."""
-    try:
-        run()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 def _log_model(bundle: Path, register: str | None, kind: str) -> None:

@@ -16,8 +16,8 @@ import typer
 from rich.console import Console
 
 from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 
-EXIT_USER_ERROR = 2
 evaluate_app = typer.Typer(
     help="Evaluate predictors on your measurements, or leave-one-GPU-out on profiling data.", no_args_is_help=True
 )
@@ -59,11 +59,8 @@ def evaluate_logo_command(
             output.parent.mkdir(parents=True, exist_ok=True)
             output.write_text(text + "\n", encoding="utf-8")
 
-    try:
+    with user_errors():
         run()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 def _measured_command(kind: str):  # type: ignore[no-untyped-def]
@@ -117,11 +114,8 @@ def _measured_command(kind: str):  # type: ignore[no-untyped-def]
                 write_table(result.rows, output)
                 _err.print(f"rows with predictions: {output}")
 
-        try:
+        with user_errors():
             run()
-        except PerfcastError as exc:
-            typer.echo(f"error: {exc}", err=True)
-            raise typer.Exit(code=EXIT_USER_ERROR) from None
 
     command.__doc__ = (
         f"Compare your measured {kind} with perfcast's predictions: MAPE, median and p90 error, "

@@ -20,11 +20,11 @@ import typer
 from rich.console import Console
 
 from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 
 if TYPE_CHECKING:
     from perfcast.data.profiler import ProfileProgress, ProfileResult
 
-EXIT_USER_ERROR = 2
 DEFAULT_BUDGET_S = 90.0
 ALL_FAMILIES = "gemm,attention,norm,softmax,elementwise,collective"
 
@@ -62,12 +62,10 @@ def profile_command(
     """Measure op times (GEMM, attention, norms, softmax, element-wise, collectives) on this machine."""
     err = Console(stderr=True, soft_wrap=True)
     try:
-        result = _profile(
-            err, output, device, ops, dtypes, budget_s, resume, seed, presets, backward, flush_l2, cpu_op_cap_s
-        )
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
+        with user_errors():
+            result = _profile(
+                err, output, device, ops, dtypes, budget_s, resume, seed, presets, backward, flush_l2, cpu_op_cap_s
+            )
     except KeyboardInterrupt:
         err.print(f"[yellow]interrupted: measurements so far are kept in {output}/.partial; run again to resume[/]")
         raise typer.Exit(code=130) from None

@@ -1,39 +1,23 @@
-"""The ``perfcast`` command line (Typer).
-
-Errors that bad input causes (:class:`~perfcast.errors.PerfcastError`) print one line to
-stderr and exit with code 2; ``--debug`` shows the traceback instead.
-"""
+"""``perfcast predict steps|ops``: batch-predict a run table or an op table into a file or
+stdout, with a preview table and (steps) a breakdown plot."""
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-import warnings
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from perfcast.data.tables import ERROR_COLUMN, STDOUT
-from perfcast.errors import PerfcastError, SpecError
-from perfcast.serve.calibrate_cmd import calibrate_command
-from perfcast.serve.calibrate_steps_cmd import calibrate_steps_command
-from perfcast.serve.data_cmd import data_app
-from perfcast.serve.evaluate_cmd import evaluate_app
-from perfcast.serve.hardware_cmd import hardware_app
-from perfcast.serve.output import OutputFormat, echo_table
-from perfcast.serve.profile_cmd import profile_command
-from perfcast.serve.search_cmd import search_command
-from perfcast.serve.serve_cmd import serve_command
-from perfcast.serve.train_cmd import train_app
+from perfcast.errors import SpecError
+from perfcast.serve.cli._guard import user_errors
+from perfcast.serve.output import format_cell
 
-EXIT_USER_ERROR = 2
 ERROR_PREVIEW_CHARS = 48
 PLOT_ROWS = 40
 """Configs ``--plot`` draws (the first valid ones)."""
@@ -41,76 +25,13 @@ MAX_TABLE_ROWS = 10_000
 """Most rows ``--format table`` prints (write a file for more)."""
 FORMAT_HELP = "Output format: table (on stdout), csv, json or jsonl; default: the -o suffix, csv for -o -."
 
-app = typer.Typer(
-    help="perfcast: predict the time of deep-learning operators and distributed training steps.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-)
 predict_app = typer.Typer(help="Batch-predict a run table (steps) or an op table (ops).", no_args_is_help=True)
-models_app = typer.Typer(help="Browse the model presets.", no_args_is_help=True)
-app.add_typer(predict_app, name="predict")
-app.add_typer(hardware_app, name="hardware")
-app.add_typer(models_app, name="models")
-app.add_typer(data_app, name="data")
-app.command("profile")(profile_command)
-app.add_typer(train_app, name="train")
-calibrate_app = typer.Typer(
-    help="Correct predictions with measurements of your own hardware: ops (this device) or steps (your runs).",
-    invoke_without_command=True,
-)
-calibrate_app.callback()(calibrate_command)
-calibrate_app.command("steps")(calibrate_steps_command)
-app.add_typer(calibrate_app, name="calibrate")
-app.add_typer(evaluate_app, name="evaluate")
-app.command("serve")(serve_command)
-app.command("search")(search_command)
-
-_state = {"debug": False}
 _err = Console(stderr=True, soft_wrap=True)
 _out = Console(width=None if sys.stdout.isatty() else 160)
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], *_: object, **__: object) -> None:
-    """Print a warning as one line on stderr, without the source line Python adds."""
-    _err.print(f"[yellow]warning:[/yellow] {message}", highlight=False, markup=True)
-
-
-def _print_version(value: bool) -> None:
-    if value:
-        from perfcast import __version__
-
-        typer.echo(f"perfcast {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def main(
-    debug: bool = typer.Option(False, "--debug", help="Show tracebacks instead of one-line errors."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log progress details to stderr."),
-    version: bool = typer.Option(
-        False, "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
-    ),
-) -> None:
-    """perfcast: predict training performance before you run it."""
-    _state["debug"] = debug
-    warnings.showwarning = _one_line_warning
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
-
-
 def _example(name: str) -> Path:
     return Path(str(resources.files("perfcast.examples").joinpath(name)))
-
-
-def _run_guarded(fn: typer.models.CommandFunctionType) -> None:  # type: ignore[name-defined]
-    try:
-        fn()
-    except PerfcastError as exc:
-        if _state["debug"]:
-            raise
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 Column = tuple[str, Callable[[pd.Series], str]]
@@ -131,7 +52,7 @@ def _show(df: pd.DataFrame, columns: list[Column], title: str, limit: int, *, to
 
 
 def _field(name: str) -> Callable[[pd.Series], str]:
-    return lambda row: _fmt(row.get(name))
+    return lambda row: format_cell(row.get(name))
 
 
 def _interval(lo: str, hi: str, show: Callable[[object], str]) -> Callable[[pd.Series], str]:
@@ -150,7 +71,7 @@ def _duration(value: object) -> str:
     ms = float(value)
     for unit, size, limit in (("ms", 1.0, 1e3), ("s", 1e3, 60e3), ("min", 60e3, 3600e3), ("h", 3600e3, float("inf"))):
         if abs(ms) < limit:
-            return f"{_fmt(ms / size)} {unit}"
+            return f"{format_cell(ms / size)} {unit}"
     return ""
 
 
@@ -168,18 +89,22 @@ def _short_error(row: pd.Series) -> str:
 
 
 def _layout(row: pd.Series) -> str:
-    parts = [f"{k}{_fmt(row.get(k))}" for k in ("tp", "pp", "dp", "cp", "ep") if _fmt(row.get(k)) not in ("", "1")]
+    parts = [
+        f"{k}{format_cell(row.get(k))}"
+        for k in ("tp", "pp", "dp", "cp", "ep")
+        if format_cell(row.get(k)) not in ("", "1")
+    ]
     return " ".join(parts) or "1 GPU"
 
 
 def _model_name(row: pd.Series) -> str:
-    name = _fmt(row.get("model"))
-    return name or f"L{_fmt(row.get('num_layers'))} h{_fmt(row.get('hidden_size'))}"
+    name = format_cell(row.get("model"))
+    return name or f"L{format_cell(row.get('num_layers'))} h{format_cell(row.get('hidden_size'))}"
 
 
 def _op_shape(row: pd.Series) -> str:
     names = ("batch", "m", "n", "k", "rows", "cols", "heads", "seq_q", "seq_kv", "head_dim", "bytes", "n_ranks")
-    return " ".join(f"{k}={_fmt(row.get(k))}" for k in names if _fmt(row.get(k)))
+    return " ".join(f"{k}={format_cell(row.get(k))}" for k in names if format_cell(row.get(k)))
 
 
 STEP_COLUMNS: list[Column] = [
@@ -191,7 +116,7 @@ STEP_COLUMNS: list[Column] = [
     ("interval", _interval("step_lo_ms", "step_hi_ms", _duration)),
     ("mem GiB", _field("peak_mem_gib")),
     ("fits", _field("fits_memory")),
-    ("MFU", lambda row: f"{_fmt(100 * row['mfu'])}%" if pd.notna(row.get("mfu")) else ""),
+    ("MFU", lambda row: f"{format_cell(100 * row['mfu'])}%" if pd.notna(row.get("mfu")) else ""),
     ("tokens/s", _field("tokens_per_s")),
     ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
@@ -207,18 +132,6 @@ OP_COLUMNS_SHOWN: list[Column] = [
     ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
 ]
-
-
-def _fmt(value: object) -> str:
-    """A cell as plain text: whole numbers and values from 1,000 up with thousands separators,
-    others to 4 significant digits, never in e-notation; empty for NaN and None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return "" if value is None else str(value)
-    if value != value:  # NaN
-        return ""
-    if abs(value) >= 1000 or float(value).is_integer():
-        return f"{value:,.0f}"
-    return np.format_float_positional(float(value), precision=4, unique=False, fractional=False, trim="-")
 
 
 def _input(path: Path | None, example: str) -> Path:
@@ -281,7 +194,8 @@ def predict_steps(
         if plot is not None:
             _plot_breakdown(preview, plot)
 
-    _run_guarded(run)
+    with user_errors():
+        run()
 
 
 @predict_app.command("ops")
@@ -322,7 +236,8 @@ def predict_ops(
             rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
         _report(preview, OP_COLUMNS_SHOWN, f"op predictions ({name})", show, output, target, rows, n_bad)
 
-    _run_guarded(run)
+    with user_errors():
+        run()
 
 
 def _target(output: str, fmt: str | None) -> str:
@@ -365,7 +280,9 @@ def _plot_breakdown(preview: pd.DataFrame, plot: Path) -> None:
     valid = preview[preview[ERROR_COLUMN] == ""].head(PLOT_ROWS)
     if valid.empty:
         raise SpecError("--plot: no valid config to draw")
-    labels = valid.apply(lambda r: f"{_model_name(r)} {_layout(r)} {_fmt(r.get('num_gpus'))}x{r.get('gpu')}", axis=1)
+    labels = valid.apply(
+        lambda r: f"{_model_name(r)} {_layout(r)} {format_cell(r.get('num_gpus'))}x{r.get('gpu')}", axis=1
+    )
     plot.parent.mkdir(parents=True, exist_ok=True)
     step_breakdown_plot(valid, labels).savefig(plot, dpi=120)
     _err.print(f"plot: {plot}")
@@ -387,58 +304,3 @@ def _stream(path: Path, output: str, kind: str, predictor: object, target: str, 
             options["preview_rows"] = MAX_TABLE_ROWS
             return stream_predict(path, None, kind, predictor, progress=advance, **options)
         return stream_predict(path, output, kind, predictor, progress=advance, fmt=target, **options)
-
-
-@models_app.command("list")
-def models_list(
-    fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv, json or jsonl"),
-) -> None:
-    """List the model presets with their parameter counts."""
-    from perfcast.features.model import ModelSpec, list_models
-
-    rows = []
-    for name in list_models():
-        m = ModelSpec.from_name(name)
-        rows.append({"id": name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
-                     "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn_size, "num_experts": m.num_experts,
-                     "params_b": round(m.num_params / 1e9, 2),
-                     "active_params_b": round(m.num_active_params / 1e9, 2)})  # fmt: skip
-    if fmt is not OutputFormat.TABLE:
-        echo_table(pd.DataFrame(rows), fmt)
-        return
-    table = Table(title="model presets")
-    for col in ("id", "layers", "hidden", "heads", "kv heads", "ffn", "experts", "params (B)", "active (B)"):
-        table.add_column(col)
-    for row in rows:
-        table.add_row(*[_fmt(v) if not isinstance(v, str) else v for v in row.values()])
-    _out.print(table)
-
-
-@models_app.command("show")
-def models_show(
-    name: str = typer.Argument(..., help="Preset id, or a config.json / spec JSON path."),
-    fmt: OutputFormat = typer.Option(OutputFormat.JSON, "--format", "-f", help="json (default), table, csv or jsonl"),
-) -> None:
-    """Print a model spec, with its parameter counts."""
-    from perfcast.features.model import ModelSpec
-
-    def run() -> None:
-        m = ModelSpec.load(name)
-        data = m.model_dump(mode="json")
-        data["num_params"] = m.num_params
-        data["num_active_params"] = m.num_active_params
-        if fmt is OutputFormat.JSON:
-            typer.echo(json.dumps(data, indent=2))
-        elif fmt is OutputFormat.TABLE:
-            table = Table("field", "value", title=m.name)
-            for key, value in data.items():
-                table.add_row(key, _fmt(value) if isinstance(value, int | float) else str(value))
-            _out.print(table)
-        else:
-            echo_table(pd.DataFrame([{k: json.dumps(v) if isinstance(v, dict) else v for k, v in data.items()}]), fmt)
-
-    _run_guarded(run)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())

@@ -11,7 +11,7 @@ import typer
 from typer.testing import CliRunner
 
 from perfcast.data.validate import check_op_records
-from perfcast.serve.profile_cmd import profile_command
+from perfcast.serve.cli.profile_cmd import profile_command
 
 app = typer.Typer()
 app.command("profile")(profile_command)

@@ -9,7 +9,7 @@ import json
 from typer.testing import CliRunner
 
 from perfcast.features.hardware import list_hardware
-from perfcast.serve.hardware_cmd import hardware_app
+from perfcast.serve.cli.hardware_cmd import hardware_app
 
 runner = CliRunner()
 

@@ -123,7 +123,7 @@ def test_import_replaces_an_existing_dataset_only_with_force(tmp_path: Path) -> 
 
 def test_imported_shared_dataset_validates(tmp_path: Path) -> None:
     """The audit's reproduction: a freshly imported public set passes its own validation."""
-    src = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "deepbench_gemm.csv"
+    src = Path(__file__).resolve().parents[4] / "shared" / "data" / "deepbench_gemm.csv"
     if not src.is_file():
         src = _deepbench(tmp_path / "deepbench_gemm.csv")
     out = tmp_path / "x"

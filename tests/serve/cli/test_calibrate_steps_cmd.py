@@ -15,9 +15,9 @@ from perfcast.features.run_config import parse_run_row
 from perfcast.models.step_calibration import CALIBRATION_COLUMN, load_step_corrections
 from perfcast.models.step_predictor import StepPredictor
 from perfcast.serve.batch import predict_steps_table
-from perfcast.serve.calibrate_steps_cmd import fit_step_corrections
 from perfcast.serve.calibration_store import CALIBRATION_ENV, DEFAULT_CALIBRATION_DIR
 from perfcast.serve.cli import app
+from perfcast.serve.cli.calibrate_steps_cmd import fit_step_corrections
 from perfcast.serve.predictors import default_bundle_path, load_calibrated_predictor
 
 runner = CliRunner()

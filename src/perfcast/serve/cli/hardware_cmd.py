@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import typer
 
-from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 from perfcast.serve.output import OutputFormat, echo_table
 
 hardware_app = typer.Typer(
@@ -34,7 +34,6 @@ LIST_COLUMNS: tuple[tuple[str, str], ...] = (
     ("TDP W", "tdp_w"),
     ("link GB/s", "intra_node_bw_gbps"),
 )
-EXIT_USER_ERROR = 2
 PIPED_WIDTH = 160  # characters of table width when stdout is not a terminal
 
 
@@ -43,12 +42,6 @@ class ShowFormat(str, Enum):
 
     TABLE = "table"
     JSON = "json"
-
-
-def _fail(exc: PerfcastError) -> typer.Exit:
-    """Print one line to stderr and return the exit to raise (code 2)."""
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(code=EXIT_USER_ERROR)
 
 
 def _cell(value: Any) -> str:
@@ -89,10 +82,8 @@ def list_command(
     fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv, json or jsonl"),
 ) -> None:
     """List every accelerator of the catalog with its headline figures (link = bidirectional)."""
-    try:
+    with user_errors():
         rows = _list_rows()
-    except PerfcastError as exc:
-        raise _fail(exc) from None
     headers = [header for header, _ in LIST_COLUMNS]
     if fmt is not OutputFormat.TABLE:
         keys = [attr for _, attr in LIST_COLUMNS]
@@ -109,10 +100,8 @@ def show_command(
     """Show every field of one catalog entry, found by id, alias or device name."""
     from perfcast.features.hardware import HardwareSpec
 
-    try:
+    with user_errors():
         hw = HardwareSpec.from_name(id_or_name)
-    except PerfcastError as exc:
-        raise _fail(exc) from None
     data = hw.model_dump(mode="json")
     if fmt is ShowFormat.JSON:
         typer.echo(json.dumps(data, indent=2, ensure_ascii=False))

@@ -14,10 +14,9 @@ from pathlib import Path
 import typer
 
 from perfcast._optional import require
-from perfcast.errors import PerfcastError
+from perfcast.serve.cli._guard import user_errors
 from perfcast.serve.service_limits import ServiceLimits
 
-EXIT_USER_ERROR = 2
 MODEL_ENV = "PERFCAST_SERVE_MODEL"
 """How ``--model`` reaches worker processes (empty: the shipped default)."""
 _DEFAULTS = ServiceLimits()
@@ -65,11 +64,8 @@ def serve_command(
 ) -> None:
     """Serve predictions over HTTP: POST /v1/predict/ops, /v1/predict/steps, /v1/search; GET /v1/hardware,
     /v1/models. The service reads no file a request names unless it lies in a --model-dir folder."""
-    try:
+    with user_errors():
         require("fastapi", "uvicorn", purpose="perfcast serve")
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
     import uvicorn
 
     os.environ[MODEL_ENV] = model or ""
@@ -78,11 +74,8 @@ def serve_command(
         "max_search_layouts": max_search_layouts, "prediction_threads": threads,
         "model_dirs": [str(d.resolve()) for d in model_dir],
     })  # fmt: skip
-    try:
+    with user_errors():
         app_from_env()  # fail here, with a clear error, rather than in every worker
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
     typer.echo(f"perfcast serving on http://{host}:{port} with {workers} worker(s) (OpenAPI: /docs)", err=True)
-    uvicorn.run("perfcast.serve.serve_cmd:app_from_env", factory=True, host=host, port=port, log_level=log_level,
+    uvicorn.run("perfcast.serve.cli.serve_cmd:app_from_env", factory=True, host=host, port=port, log_level=log_level,
                 workers=workers)  # fmt: skip

@@ -22,10 +22,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from perfcast.errors import PerfcastError, SpecError
+from perfcast.errors import SpecError
 from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_calibration_dir
+from perfcast.serve.cli._guard import user_errors
 
-EXIT_USER_ERROR = 2
 MEASURED_COLUMN = "measured_step_ms"
 _err = Console(stderr=True, soft_wrap=True)
 
@@ -120,15 +120,12 @@ def calibrate_steps_command(
     from perfcast.models.step_calibration import save_step_correction
     from perfcast.serve.predictors import load_step_predictor
 
-    try:
+    with user_errors():
         runs = read_table(runs_path)
         predictor = load_step_predictor(model)
         fit = fit_step_corrections(runs, predictor)
         folder = store or step_calibration_dir()
         paths = [save_step_correction(corr, folder) for corr in fit.corrections]
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
     table = Table("cluster", "runs used", "left out", "correction", title=f"step calibration, stored in {folder}")
     for corr in fit.corrections:
         table.add_row(corr.cluster, str(corr.n_runs), str(len(corr.excluded)), f"x{corr.factor:.3f}")

@@ -24,23 +24,14 @@ from perfcast.data.records import REASON_COLUMN
 from perfcast.data.sources import READERS, LoadedSource, detect_reader, read_source
 from perfcast.data.tables import read_table
 from perfcast.data.validate import check_op_records, check_run_records
-from perfcast.errors import DatasetError, PerfcastError
+from perfcast.errors import DatasetError
 from perfcast.features.hardware import resolve_gpu_name
+from perfcast.serve.cli._guard import user_errors
 
-EXIT_USER_ERROR = 2
 data_app = typer.Typer(help="Import measured data into datasets; list, show and validate datasets.",
                        no_args_is_help=True)  # fmt: skip
 _out = Console(width=None, soft_wrap=False)
 _err = Console(stderr=True, soft_wrap=True)
-
-
-def _guard(fn):  # type: ignore[no-untyped-def]
-    """Run ``fn``; a PerfcastError becomes one stderr line and exit code 2."""
-    try:
-        return fn()
-    except PerfcastError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(code=EXIT_USER_ERROR) from None
 
 
 def _how_measured(loaded: list[LoadedSource]) -> str:
@@ -83,7 +74,8 @@ def import_command(
     force: bool = typer.Option(False, "--force", help="Replace an existing dataset at -o (atomically)."),
 ) -> None:
     """Read source files into one checked dataset folder."""
-    _guard(lambda: _import(paths, output, reader, name, force, device=device, gpu=gpu, dtype=dtype))
+    with user_errors():
+        _import(paths, output, reader, name, force, device=device, gpu=gpu, dtype=dtype)
 
 
 @data_app.command("import-all")
@@ -132,7 +124,8 @@ def import_all_command(
                           str(len(loaded.rejected)), top)  # fmt: skip
         _out.print(table)
 
-    _guard(run)
+    with user_errors():
+        run()
 
 
 @data_app.command("ls")
@@ -156,13 +149,15 @@ def ls_command(root: Path = typer.Argument(Path("datasets"), help="Folder to sea
                           ", ".join(gpus), str(card.get("source", "")))  # fmt: skip
         _out.print(table)
 
-    _guard(run)
+    with user_errors():
+        run()
 
 
 @data_app.command("show")
 def show_command(path: Path = typer.Argument(..., help="A dataset folder.")) -> None:
     """Print a dataset's card (JSON)."""
-    _guard(lambda: _out.print_json(json.dumps(read_card(path))))
+    with user_errors():
+        _out.print_json(json.dumps(read_card(path)))
 
 
 @data_app.command("validate")
@@ -187,7 +182,8 @@ def validate_command(
             raise DatasetError(f"{path}: {result.n_rejected} of {len(df)} {chosen} records are invalid")
         _err.print(f"{path}: valid ({len(df)} {chosen} records)")
 
-    _guard(run)
+    with user_errors():
+        run()
 
 
 @data_app.command("readers")
