@@ -59,6 +59,7 @@ def test_a_logged_model_has_a_coverage_param_it_honours_and_carries_its_code(tmp
 
     monkeypatch.setenv(CALIBRATION_ENV, str(tmp_path / "calibration"))
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("pyfunc-signature")  # not an experiment id another test's store left active
     with mlflow.start_run():
         info = log_pyfunc_model(default_bundle_path(), kind="steps")
     assert [p.name for p in info.signature.params] == ["coverage"]
