@@ -24,9 +24,7 @@ estimate both, per op class:
   measures several hundred), boosted trees on top (:data:`TREE_PARAMS`), fitted on what
   shift, trend and GP leave, over the GP's inputs plus log FLOPs and the op kind. Much of
   an unseen GPU's error is its own kernel choices for families of shapes, which a smooth
-  GP does not follow; on NeuSight fp32 GEMMs held out one GPU at a time, the median MAPE
-  after 700 random measured ops fell from 12.0% (shift, trend, GP) to 9.0% with the trees
-  (``benchmarks/op_logo.py``);
+  GP does not follow (measured effect: ``benchmarks/results/docstring_notes.md``);
 * with at least ``MIN_OPS_FOR_SPREAD`` ops of a class, the interval becomes the empirical
   spread of the leave-one-out residuals of that correction on that GPU (with trees,
   5-fold cross-fitted residuals of the whole correction: a within-GPU interval, since the
@@ -129,18 +127,17 @@ NOISE_VAR = 0.05
 and shape effects finer than the kernel. LENGTH_SCALE, PRIOR_VAR, NOISE_VAR, the GP inputs and
 the trend terms are one global choice from a grid (3 lengths x 3 variance pairs x 4 input sets x 3
 trend sets) scored on the leave-one-GPU-out few-shot curve of NeuSight fp32 (median over GPUs,
-k = 20, spread and random picks; the grid's spread was about 2 MAPE points), never per GPU."""
+k = 20, spread and random picks), never per GPU."""
 SLOPE_TERMS = ("log_flops", "log_intensity")
 """Trend inputs: natural logs of the op's FLOPs and of FLOPs per byte (both floored at 1)."""
 SLOPE_PRIOR_VAR = 0.01
 """Prior variance of each trend slope (log residual per natural-log unit)."""
 MIN_OPS_FOR_SLOPES = 10
-"""Fewer measured ops of a class fit no trend: at k = 5 the slopes over-fit (GEMM MAPE +2 points)."""
+"""Fewer measured ops of a class fit no trend: the slopes over-fit a handful of ops."""
 GP_INPUTS = ("dims", "log_intensity")
 """What places an op in the GP's space: its log dims, then its log intensity."""
 MIN_OPS_FOR_TREES = 100
-"""Measured ops of a class from which boosted trees model what the GP leaves (at k = 100 on
-NeuSight fp32 GEMMs: median MAPE 14.7% -> 13.1%; fewer ops over-fit)."""
+"""Measured ops of a class from which boosted trees model what the GP leaves (fewer ops over-fit)."""
 TREE_PARAMS: Mapping[str, Any] = MappingProxyType(
     {"max_depth": 4, "eta": 0.1, "min_child_weight": 3, "subsample": 0.8, "seed": 0, "nthread": 2, "verbosity": 0}
 )

@@ -13,8 +13,7 @@ where ``t_roofline`` is the roofline time at the row dtype's peak
 per vendor and class) and ``f_c`` one XGBoost booster per class fitted on
 ``log(t / t_base)`` over the GPU-relative features of :mod:`perfcast.features.op_features`.
 The physics carries the scale, the trees the efficiency, so the model transfers to GPUs
-it has not seen (``benchmarks/results/op_logo.md``: leave-one-GPU-out median MAPE 19% on
-NeuSight GEMMs, 13% on vector ops).
+it has not seen (leave-one-GPU-out results: ``benchmarks/results/op_logo.md``).
 
 The interval answers "how wrong is the model on a GPU it has not seen". An inner
 leave-one-GPU-out loop over the ``n`` training GPUs collects out-of-GPU log residuals.
@@ -31,10 +30,8 @@ and the interval is ``pred * exp([-q, q])`` with ``q`` the ``c`` quantile of ``|
 absolute-residual score of split conformal, symmetric in log time around the median. It
 widens with the disagreement between GPUs rather than being set by the ops of the GPUs
 seen, so a GPU unlike the rest keeps most of its coverage. It is symmetric because the
-skew of a handful of calibration GPUs' residuals does not carry to the next GPU: on
-NeuSight fp32, the ``(1-c)/2, (1+c)/2`` quantiles of ``r`` gave a right-skewed GEMM
-interval that held out V100 (faster than predicted) at 77% coverage; the symmetric one
-covers every held-out GPU at 80% or more (``benchmarks/results/op_logo.md``).
+skew of a handful of calibration GPUs' residuals does not carry to the next GPU (the
+comparison with the skewed quantile interval: ``benchmarks/results/docstring_notes.md``).
 
 Shapes:
     ``X``: (n,) op-table rows (a DataFrame); ``predict``: (n,) ms;
