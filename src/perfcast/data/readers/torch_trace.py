@@ -139,12 +139,6 @@ def read_torch_trace(path: str | Path, *, device: str | None = None) -> ReadResu
     return parse_torch_trace(trace, source=f"{SOURCE_NAME}:{path.name}", device=device, what=str(path))
 
 
-def device_name_from_trace(trace: object) -> str | None:
-    """The first device's name in a trace's ``deviceProperties`` (None when absent)."""
-    names = _device_names(trace)
-    return next(iter(names.values()), None)
-
-
 def parse_torch_trace(
     trace: object, *, source: str = SOURCE_NAME, device: str | None = None, what: str = "trace"
 ) -> ReadResult:
