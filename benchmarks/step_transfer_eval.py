@@ -47,7 +47,7 @@ of the 90% interval and its mean relative width ``(hi - lo) / pred``. The worst
 (split, test group, source, GPU) cells by GBDT MAPE are listed.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/step_transfer_eval.py
-[--data DIR] [--op-model BUNDLE] [--out PREFIX]
+[--data DIR] [--op-model BUNDLE] [--out PREFIX] [--before EARLIER.json]
 Writes ``benchmarks/results/step_transfer_eval.md`` and ``.json``.
 """
 
@@ -251,11 +251,35 @@ def summary_table(result: pd.DataFrame, predictors_shown: list[str]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def before_after(before_json: Path, result: pd.DataFrame, predictors_shown: list[str]) -> pd.DataFrame:
+    """Per loso source: ``before -> after`` MAPE of every shown predictor, and the half-correction's coverage."""
+    before = pd.DataFrame(json.loads(before_json.read_text())["rows"])
+
+    def pick(frame: pd.DataFrame) -> pd.DataFrame:
+        return frame[(frame["cell"] == "") & (frame["split"] == "loso")].set_index(["test_group", "predictor"])
+
+    old, new = pick(before), pick(result)
+    rows = []
+    for group in new.index.get_level_values(0).unique():
+        row: dict[str, Any] = {"source": group, "n": int(new.loc[(group, predictors_shown[0]), "n"])}
+        for name in predictors_shown:
+            was = old["mape"].get((group, name), float("nan"))
+            row[name] = f"{_fmt(was)} -> {_fmt(new.loc[(group, name), 'mape'])}"
+        for name in ("gbdt(scale=0.5)+bound", "composed"):
+            was = old["coverage"].get((group, name), float("nan"))
+            row[f"coverage {name}"] = f"{_fmt(was, True)} -> {_fmt(new.loc[(group, name), 'coverage'], True)}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--op-model", default=None, help="op bundle to compose with (default: shipped)")
     parser.add_argument("--out", type=Path, default=OUT, help="output prefix (.md and .json are added)")
+    parser.add_argument(
+        "--before", type=Path, default=None, help="an earlier run's .json: its loso MAPE and coverage shown beside"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     warnings.filterwarnings("ignore")
@@ -293,6 +317,9 @@ def main() -> None:
         "on the scaled predictor).\n",
         _md_table(selection.reset_index()),
     ]
+    if args.before is not None:
+        header += ["\n## loso before -> after (`--before`; MAPE, coverage of the 90% interval)\n",
+                   _md_table(before_after(args.before, result, shown))]  # fmt: skip
     text = markdown(result, header, shown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)

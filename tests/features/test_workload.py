@@ -288,6 +288,22 @@ def test_zero3_gathers_every_layers_parameters():
     assert list(_ops(g, scope="step", stream="comm")["op"]) == ["reducescatter"]
 
 
+def test_zero3_gathers_a_ranks_own_experts_over_the_expert_data_parallel_ranks_only():
+    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
+    dense = mixtral.attention_params_per_layer + mixtral.router_params_per_layer
+    experts = mixtral.num_experts * mixtral.expert_params
+    # ep spans the data-parallel ranks (edp = 1): the experts are whole on their rank
+    g = _graph(mixtral, dp=8, ep=8, global_batch=8, zero_stage=3)
+    assert set(_ops(g, name="zero3.param_gather")["bytes"]) == {dense * 2}
+    # edp = 2 of dp = 8: the rank's experts weighted by the ring factor (1/2) / (7/8)
+    g = _graph(mixtral, dp=8, ep=4, global_batch=8, zero_stage=3)
+    want = dense + experts / 4 * (1 / 2) / (7 / 8)
+    assert set(_ops(g, name="zero3.param_gather")["bytes"]) == {round(want) * 2}
+    # without expert parallelism the whole layer is sharded over dp, as a dense layer's
+    g = _graph(mixtral, dp=8, global_batch=8, zero_stage=3)
+    assert set(_ops(g, name="zero3.param_gather")["bytes"]) == {(dense + experts) * 2}
+
+
 def test_tied_embeddings_with_pipeline_sync_the_embedding_gradient():
     tied = GPT.model_copy(update={"tied_embeddings": True})
     g = _graph(tied, pp=2, global_batch=2)

@@ -168,3 +168,8 @@ def test_load_runs_keeps_published_tables_apart() -> None:
     assert set(runs.loc[runs["source"] == "published:torchtitan", "framework_group"]) == {"torchtitan"}
     mpt = runs[runs["model_name"] == "mpt-7b"]
     assert len(mpt) and mpt["model"].isna().all()
+    # spelled-out models whose MLPs are gated (SwiGLU) get gated_mlp, named as defaulted; MPT stays plain
+    gated = runs[runs["model_name"].isin(["qwen3-30b-a3b", "deepseek-v3", "qwen2.5-32b"])]
+    assert len(gated) and gated["gated_mlp"].eq(True).all()
+    assert gated["defaulted_fields"].str.contains("gated_mlp").all()
+    assert mpt["gated_mlp"].isna().all()

@@ -26,7 +26,8 @@ Layout conventions follow Megatron-LM:
 * Data-parallel gradients are synchronised over the ``dp*cp`` ranks (expert weights over
   ``dp*cp/ep``): an all-reduce with ZeRO 0, a reduce-scatter plus a parameter
   all-gather with ZeRO 1-2; ZeRO 3 also gathers every layer's weights in forward and
-  backward. Gradients travel in 16 bits (32 for fp32 runs).
+  backward (a rank's own routed experts over the expert-data-parallel ranks only).
+  Gradients travel in 16 bits (32 for fp32 runs).
 * LoRA adds rank-``r`` adapters to the attention projections (QKV and output); the base
   weights get no weight-gradient GEMMs, no gradient sync and no optimizer state.
 * Recomputation ``full`` replays the layer's forward ops (collectives included) before
@@ -392,9 +393,6 @@ def _add_layer_forward(
     if ctx.sp:
         _tp_collective(b, "attn.tp_gather", scope, ctx, OpType.ALLGATHER)
     if p.zero_stage == 3 and p.dp * p.cp > 1:
-        layer_params = model.attention_params_per_layer + (
-            model.moe_params_per_layer if moe else model.mlp_params_per_layer
-        )
         b.add(
             "zero3.param_gather",
             scope,
@@ -402,7 +400,7 @@ def _add_layer_forward(
             OpType.ALLGATHER,
             overlap_with=OVERLAP_PREVIOUS_LAYER if p.fsdp_prefetch else -1,
             group=Group.DP,
-            bytes=layer_params // tp * _grad_bytes(p),
+            bytes=round(_zero3_gather_params(model, p, moe=moe)) * _grad_bytes(p),
             n_ranks=p.dp * p.cp,
             ranks_per_node=group_placement(p, gpus_per_node)[Group.DP][1],
         )
@@ -726,6 +724,26 @@ def _add_embedding_backward(b: _Builder, model: ModelSpec, p: ParallelConfig, ct
             rows=ctx.tokens,
             cols=model.hidden_size,
         )
+
+
+def _zero3_gather_params(model: ModelSpec, p: ParallelConfig, *, moe: bool) -> float:
+    """Parameters one rank's ZeRO-3 gather of a layer moves, counted on the data-parallel group.
+
+    Dense weights (attention, dense MLP, and in an MoE layer the router and shared experts)
+    are split by ``tp`` and sharded over the ``dp*cp`` ranks. A rank's routed experts
+    (``num_experts/ep`` of them, split by ``etp``) are sharded over the expert-data-parallel
+    ranks only (``edp``): none to gather when ``edp = 1`` (``ep`` spans the data-parallel
+    ranks). The node stays one all-gather on the data-parallel group, so the expert share
+    is weighted by its ring factor against the group's: ``((edp-1)/edp) / ((n-1)/n)``.
+    """
+    dense = model.attention_params_per_layer + (0 if moe else model.mlp_params_per_layer)
+    if not moe:
+        return dense / p.tp
+    dense += model.shared_expert_params + model.router_params_per_layer
+    local_experts = model.num_experts * model.expert_params / (p.ep * p.etp)
+    n, edp = p.dp * p.cp, p.edp
+    share = ((edp - 1) / edp) / ((n - 1) / n) if edp > 1 and n > 1 else 0.0
+    return dense / p.tp + local_experts * share
 
 
 def _grad_bytes(p: ParallelConfig) -> int:
