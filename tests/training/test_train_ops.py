@@ -35,4 +35,8 @@ def test_evaluate_fit_save_and_log(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert {"plots/parity.png", "plots/calibration.png", "plots/error_by_gpu.png"} <= artifacts
     assert "plots/feature_importance.png" in artifacts
+    import matplotlib.image
+
+    parity = client.download_artifacts(run.info.run_id, "plots/parity.png", str(tmp_path))
+    assert matplotlib.image.imread(parity).shape[0] > 200  # a real picture, not an empty file
     assert [a.path for a in client.list_artifacts(run.info.run_id, "bundle")]

@@ -173,3 +173,31 @@ def test_load_runs_keeps_published_tables_apart() -> None:
     assert len(gated) and gated["gated_mlp"].eq(True).all()
     assert gated["defaulted_fields"].str.contains("gated_mlp").all()
     assert mpt["gated_mlp"].isna().all()
+
+
+@pytest.mark.mlflow
+def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
+    import matplotlib.image
+    import mlflow
+
+    from perfcast.training import tracking
+    from perfcast.training.train_steps import evaluate_splits, train_step_predictor
+
+    evaluation = evaluate_splits(table, "gbdt", n_estimators=20, max_depth=3, n_jobs=1)
+    held_out = evaluation.attrs["predictions"]
+    assert len(held_out) == int(evaluation.loc[evaluation["predictor"] == "gbdt", "n_test"].sum())
+    assert (held_out["step_lo_ms"] <= held_out["step_ms"]).all() and (held_out["measured_ms"] > 0).all()
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("steps-plots")
+    from perfcast.serve.predictors import load_op_predictor
+
+    runs, _ = _runs()
+    valid = runs.index.drop(table.errors["row"])
+    runs.loc[valid, "measured_step_ms"] = table.runs["measured_step_ms"].to_numpy()
+    with mlflow.start_run() as run:
+        assert tracking.active()
+        train_step_predictor(runs, load_op_predictor(None), output=tmp_path / "bundle",
+                             params={"n_estimators": 20, "max_depth": 3, "n_jobs": 1})  # fmt: skip
+    local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="plots/step_parity.png")
+    assert matplotlib.image.imread(local).shape[0] > 200

@@ -415,10 +415,12 @@ def evaluate_splits(table: StepTable, model_type: str, *, progress: Any = None, 
 
     Returns:
         One row per (split, predictor): ``n_train, n_test`` and the metrics of
-        :func:`evaluate_steps`.
+        :func:`evaluate_steps`; ``attrs["predictions"]`` holds every held-out run's
+        ``split``, ``source``, ``gpu``, ``measured_ms`` and learned ``step_ms``,
+        ``step_lo_ms``, ``step_hi_ms``.
     """
     runs = table.runs
-    rows = []
+    rows, held_out = [], []
     for name, split in SPLITS.items():
         train, test = split(runs)
         if not train.any() or not test.any():
@@ -434,10 +436,16 @@ def evaluate_splits(table: StepTable, model_type: str, *, progress: Any = None, 
         model = fit_step_estimator(table, train, model_type, **params)
         pred, lo, hi = predict_rows(model, table, test)
         learned = evaluate_steps(pred, true, groups, lo, hi)
+        held_out.append(pd.DataFrame({
+            "split": name, "source": runs["source"].to_numpy()[test], "gpu": runs["gpu"].to_numpy()[test],
+            "measured_ms": true, "step_ms": pred, "step_lo_ms": lo, "step_hi_ms": hi,
+        }))  # fmt: skip
         for predictor, metrics in (("composed", composed), (model_type, learned)):
             rows.append({"split": name, "predictor": predictor, "n_train": int(train.sum()),
                          "n_test": int(test.sum()), **metrics})  # fmt: skip
-    return pd.DataFrame(rows)
+    result = pd.DataFrame(rows)
+    result.attrs["predictions"] = pd.concat(held_out, ignore_index=True) if held_out else pd.DataFrame()
+    return result
 
 
 @dataclass
@@ -506,6 +514,13 @@ def train_step_predictor(
         tracking.log_training_data(table.runs, name="run-records")
         if evaluation is not None:
             tracking.log_table(evaluation, "evaluation/steps.csv")
+            held_out = evaluation.attrs.get("predictions")
+            if held_out is not None and not held_out.empty:
+                from perfcast.training.plots import measured_parity_plot
+
+                parity = measured_parity_plot(held_out, "step_ms", "step_lo_ms", "step_hi_ms", "split",
+                                              f"held-out steps: {model_type}")  # fmt: skip
+                tracking.log_figures({"step_parity": parity})
         tracking.log_bundle_dir(path)
     return TrainStepsResult(path, len(table.runs), len(table.errors), fit_seconds, evaluation)
 
