@@ -63,14 +63,12 @@ cluster-size ones.
 
 Software releases: a measured run may carry the MLPerf round of its software
 (:data:`~perfcast.features.run_features.RELEASE_COLUMN`, NaN for other sources), since the
-same H100 GPT-3 step ran 1.28x the composed time on v3.0 software and 1.02x on v4.1. A
-query states no release: it is taken to run the newest software the model was fitted on
-(``latest_release_`` fills its NaN), so a user planning a run today gets the correction of
-the newest round rather than an average over older ones. On the MLPerf older-to-newer split
-(``benchmarks/step_eval.py``) this took the GBDT from 14.1% to 7.4% MAPE and on
-smaller-to-larger systems from 6.0% to 4.5%. Not knowing the query's release is itself an
-uncertainty, so under ``ood_interval="domain"`` such a row's interval also takes the
-residuals of held-out (source, GPU, release) groups.
+same step runs faster on newer software. A query states no release: it is taken to run the
+newest software the model was fitted on (``latest_release_`` fills its NaN), so a user
+planning a run today gets the correction of the newest round rather than an average over
+older ones (measured effect: ``benchmarks/results/step_eval.md``). Not knowing the query's
+release is itself an uncertainty, so under ``ood_interval="domain"`` such a row's interval
+also takes the residuals of held-out (source, GPU, release) groups.
 """
 
 from __future__ import annotations
@@ -152,10 +150,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         ood_interval: one of :data:`OOD_INTERVALS`, where the domain-held-out residuals apply.
         correction_scale: factor on every row's log correction, in [0, 1] (1 = as learned,
             0 = the composed step); the held-out residuals are those of the scaled
-            predictor, so the interval stays calibrated. On leave-one-source-out of all step
-            sources 0.5 had the lowest mean MAPE over sources (24.0% vs 29.9% at 1 and 24.5%
-            at 0; ``benchmarks/results/step_transfer_eval.md``, which also reports it on the
-            generation, framework and scale splits).
+            predictor, so the interval stays calibrated (how it was chosen:
+            ``benchmarks/results/step_transfer_eval.md``).
         random_state: seed of the booster's row and column sampling and the fold split.
         n_jobs: XGBoost threads (step tables are small: one thread avoids OpenMP spin costs on busy machines).
 
