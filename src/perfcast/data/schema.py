@@ -167,15 +167,22 @@ COLLECTIVE_OP_NAMES = frozenset(
 )
 
 
-def shape_columns(op: OpType) -> tuple[str, ...]:
-    """Op-table columns a row of ``op`` must fill with positive numbers."""
+def op_row_fields(op: OpType) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """The op-table columns a row of ``op`` reads: (whole numbers it must give, whole numbers
+    it may give, boolean flags). A GEMM query without ``batch`` is one matrix product."""
     if op in GEMM_OP_NAMES:
-        return ("batch", "m", "n", "k")
+        return ("m", "n", "k"), ("batch",), ()
     if op is OpType.ATTENTION:
-        return ("batch", "heads", "seq_q", "seq_kv", "head_dim")
+        return ("batch", "heads", "seq_q", "seq_kv", "head_dim"), ("kv_heads",), ("causal", "backward")
     if op in COLLECTIVE_OP_NAMES:
-        return ("bytes", "n_ranks")
-    return ("rows", "cols")
+        return ("bytes", "n_ranks"), ("ranks_per_node",), ("nvlink_bridged",)
+    return ("rows", "cols"), (), ("scalar", "backward")
+
+
+def shape_columns(op: OpType) -> tuple[str, ...]:
+    """Op-table columns a measured record of ``op`` must fill with positive numbers."""
+    required, optional, _ = op_row_fields(op)
+    return (*optional, *required) if op in GEMM_OP_NAMES else required
 
 
 class TimingScope(str, Enum):

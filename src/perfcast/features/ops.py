@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import TRUE_WORDS, DType, OpType
+from perfcast.data.schema import COLLECTIVE_OP_NAMES, GEMM_OP_NAMES, TRUE_WORDS, DType, OpType
 from perfcast.errors import SpecError
 
 
@@ -44,8 +44,8 @@ class OpClass(str, Enum):
     COLLECTIVE = "collective"
 
 
-GEMM_OPS = frozenset({OpType.MATMUL, OpType.BMM, OpType.LINEAR})
-COLLECTIVE_OPS = frozenset({OpType.ALLREDUCE, OpType.ALLGATHER, OpType.REDUCESCATTER, OpType.ALLTOALL, OpType.SENDRECV})
+GEMM_OPS = GEMM_OP_NAMES
+COLLECTIVE_OPS = COLLECTIVE_OP_NAMES
 BINARY_OPS = frozenset({OpType.ADD, OpType.MUL, OpType.DIV, OpType.POW})
 
 # FLOPs per element of the forward vector ops (rough, they are memory-bound everywhere).

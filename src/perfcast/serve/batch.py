@@ -16,7 +16,15 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import OP_BOOL_COLUMNS, OP_INT_COLUMNS, DType, check_whole_number, parse_flag
+from perfcast.data.schema import (
+    OP_BOOL_COLUMNS,
+    OP_INT_COLUMNS,
+    DType,
+    OpType,
+    check_whole_number,
+    op_row_fields,
+    parse_flag,
+)
 from perfcast.data.tables import DEFAULT_COVERAGE, ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
@@ -282,15 +290,6 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     return frame
 
 
-_OP_FIELDS = {
-    OpClass.GEMM: (("m", "n", "k"), ("batch",), ()),
-    OpClass.ATTENTION: (("batch", "heads", "seq_q", "seq_kv", "head_dim"), ("kv_heads",), ("causal", "backward")),
-    OpClass.VECTOR: (("cols",), ("rows",), ("scalar", "backward")),
-    OpClass.COLLECTIVE: (("bytes", "n_ranks"), ("ranks_per_node",), ("nvlink_bridged",)),
-}
-"""Per op class: the whole-number fields a row must give, those it may give, and its boolean flags."""
-
-
 def check_op_row(row: pd.Series) -> None:
     """Check one op-table row: a known op and dtype, whole-number sizes within their ranges,
     boolean flags, and a catalog GPU with the peak the op needs.
@@ -300,7 +299,7 @@ def check_op_row(row: pd.Series) -> None:
     """
     op = parse_op(row.get("op"))
     dtype = DType.parse(row.get("dtype", "bf16") if _given(row.get("dtype")) else "bf16")
-    required, optional, flags = _OP_FIELDS[op_class(op)]
+    required, optional, flags = op_row_fields(op)
     for field in required:
         if not _given(row.get(field)):
             raise SpecError(f"{field}={row.get(field)!r}: op={op.value} needs a positive whole number")
@@ -333,9 +332,12 @@ def _given(value: object) -> bool:
     return not (isinstance(value, str) and not value.strip())
 
 
-_CLASS_SIZES = {c: frozenset((*required, *optional)) for c, (required, optional, _) in _OP_FIELDS.items()}
-_CLASS_FLAGS = {c: frozenset(flags) for c, (_, _, flags) in _OP_FIELDS.items()}
-_SHAPE_SIZES = frozenset().union(*_CLASS_SIZES.values())
+def _sizes_and_flags(op: OpType) -> tuple[frozenset[str], frozenset[str]]:
+    required, optional, flags = op_row_fields(op)
+    return frozenset((*required, *optional)), frozenset(flags)
+
+
+_SHAPE_SIZES = frozenset().union(*(_sizes_and_flags(op)[0] for op in OpType))
 
 
 def _floats(column: pd.Series) -> pd.Series:
@@ -359,24 +361,25 @@ def _checked_op_rows(ops: pd.DataFrame) -> pd.DataFrame:
     """Checked op rows in the types the predictors read: whole-number columns as float64,
     flags as bools, dtype filled with bf16 and GPU names resolved to catalog ids.
 
-    A size or flag that is not a field of the row's op class (``n_ranks`` on a matmul,
+    A size or flag that is not a field of the row's op (``n_ranks`` on a matmul,
     ``causal`` on a layernorm) was not checked by :func:`check_op_row`, so the predictor
     does not see it: sizes become NaN and flags False.
     """
     rows = ops.copy()
-    classes = [op_class(parse_op(v)) for v in rows["op"]]
+    kinds = [parse_op(v) for v in rows["op"]]
+    fields = [_sizes_and_flags(op) for op in kinds]
     for col in OP_INT_COLUMNS:
         if col in rows.columns:
             values = rows[col]
             if col in _SHAPE_SIZES:
-                values = values.where(np.array([col in _CLASS_SIZES[c] for c in classes], dtype=bool))
+                values = values.where(np.array([col in sizes for sizes, _ in fields], dtype=bool))
             rows[col] = _floats(values)
     for col in OP_BOOL_COLUMNS:
         if col in rows.columns:
-            rows[col] = [parse_flag(col, v) if col in _CLASS_FLAGS[c] and _given(v) else False
-                         for c, v in zip(classes, rows[col], strict=True)]  # fmt: skip
+            rows[col] = [parse_flag(col, v) if col in flags and _given(v) else False
+                         for (_, flags), v in zip(fields, rows[col], strict=True)]  # fmt: skip
     if "inter_node" in rows.columns:  # a fabric only matters to (and is only checked on) collectives
-        rows["inter_node"] = rows["inter_node"].where([c is OpClass.COLLECTIVE for c in classes], None)
+        rows["inter_node"] = rows["inter_node"].where([op in COLLECTIVE_OPS for op in kinds], None)
     rows["dtype"] = rows["dtype"].map(lambda v: DType.parse(v).value if _given(v) else DType.BF16.value) if (
         "dtype" in rows) else DType.BF16.value  # fmt: skip
     rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
