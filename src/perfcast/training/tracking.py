@@ -133,10 +133,10 @@ def log_training_data(records: pd.DataFrame, *, name: str, context: str = "train
     (its schema, row count and MLflow's content digest)."""
     import mlflow
 
-    with warnings.catch_warnings():  # MLflow's schema hints about integer and mixed columns
+    with warnings.catch_warnings():  # MLflow's schema hints about integer and mixed columns (schema inferred lazily)
         warnings.simplefilter("ignore", UserWarning)
         dataset = mlflow.data.from_pandas(records.reset_index(drop=True), name=name)
-    mlflow.log_input(dataset, context=context)
+        mlflow.log_input(dataset, context=context)
 
 
 MODEL_REQUIREMENTS = (
