@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import math
-from importlib.metadata import version
 from typing import Annotated, Any
 
 import anyio
@@ -44,6 +43,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from perfcast import __version__
 from perfcast.data.schema import FIELD_MAX, FIELD_MIN_ZERO
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
@@ -58,7 +58,6 @@ from perfcast.serve.batch import (
 from perfcast.serve.predictors import load_op_predictor, load_step_predictor, with_calibrations
 from perfcast.serve.service_limits import ServiceLimits
 
-__version__ = version("perfcast")
 NOT_JSON = "the body is not valid JSON (NaN, Infinity and numbers beyond float range are not JSON)"
 MAX_ERRORS_SHOWN = 20
 """Most field errors one 422 lists."""
