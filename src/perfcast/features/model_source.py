@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -42,6 +43,7 @@ class ModelSource:
         self.restricted = restricted
         self.allowed_dirs = tuple(Path(d).resolve() for d in allowed_dirs)
         self._by_content: OrderedDict[str, ModelSpec] = OrderedDict()
+        self._lock = threading.Lock()  # a service resolves from several prediction threads
 
     @classmethod
     def restricted_to(cls, allowed_dirs: Sequence[str | Path] = ()) -> ModelSource:
@@ -99,15 +101,17 @@ class ModelSource:
         except OSError:
             raise invalid from None
         digest = hashlib.sha256(raw).hexdigest()
-        spec = self._by_content.get(digest)
+        with self._lock:
+            spec = self._by_content.get(digest)
         if spec is None:
             try:
                 spec = inline_model(json.loads(raw))
             except (PerfcastError, ValueError, RecursionError):
                 raise invalid from None
-            self._by_content[digest] = spec
-            if len(self._by_content) > _CACHE_ENTRIES:
-                self._by_content.popitem(last=False)
+            with self._lock:
+                self._by_content[digest] = spec
+                if len(self._by_content) > _CACHE_ENTRIES:
+                    self._by_content.popitem(last=False)
         return spec
 
 
