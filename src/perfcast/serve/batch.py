@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 ProgressFn = Callable[[int], None]
+"""Called with the number of rows just finished."""
 
 
 class OpPredictor(Protocol):
@@ -52,9 +53,6 @@ class OpPredictor(Protocol):
     name: str
 
     def predict_ops(self, ops: pd.DataFrame, *, coverage: float = DEFAULT_COVERAGE) -> tuple[Any, Any, Any]: ...
-
-
-"""Called with the number of rows just finished."""
 
 
 def _refuse_implausible(out: pd.DataFrame, positions: list[int], times_ms: np.ndarray, columns: Iterable[str]) -> None:
