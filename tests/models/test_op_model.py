@@ -352,3 +352,59 @@ def test_residual_quantiles_are_cached_per_class_and_coverage(data):
     model.fit(ops.iloc[::2], t[::2])  # refitting clears the cache
     assert "_quantile_cache" not in vars(model)
     assert model.residual_quantiles("gemm", 0.9) == model._residual_quantiles("gemm", 0.9)
+
+
+def test_efficiency_ceilings_are_the_best_measured_plus_margin_capped_at_one(fitted, data):
+    from perfcast.models.op_model import EFFICIENCY_MARGIN
+
+    ops, t = data
+    feats = featurize_ops(ops)
+    eff = feats["roofline_ms"].to_numpy() / t
+    for cls in ("gemm", "vector"):
+        best = eff[(feats["op_class"] == cls).to_numpy()].max()
+        assert fitted.efficiency_ceiling_[cls] == {"32-bit": pytest.approx(min(1.0, best * (1 + EFFICIENCY_MARGIN)))}
+    np.testing.assert_allclose(
+        fitted.efficiency_ceilings(ops),
+        np.where(feats["op_class"] == "gemm", fitted.efficiency_ceiling_["gemm"]["32-bit"],
+                 fitted.efficiency_ceiling_["vector"]["32-bit"]),
+    )  # fmt: skip
+    # a dtype family the class never trained on has no ceiling but the roofline
+    bf16 = ops.head(3).assign(dtype="bf16")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OutOfDomainWarning)
+        np.testing.assert_array_equal(fitted.efficiency_ceilings(bf16), 1.0)
+
+
+def test_the_physical_bound_raises_median_and_interval_to_the_floor(fitted, data):
+    import copy
+
+    ops, _ = data
+    feats = featurize_ops(ops)
+    tight = copy.deepcopy(fitted)
+    tight.efficiency_ceiling_ = {"gemm": {"32-bit": 0.05}, "vector": {"32-bit": 0.05}}  # binds on most rows
+    floor = feats["roofline_ms"].to_numpy() / 0.05
+    pred, interval = tight.predict_with_interval(ops)
+    raw = fitted._predict_ms(feats)
+    np.testing.assert_allclose(pred, np.maximum(raw, floor))
+    np.testing.assert_array_equal(tight.predict(ops), pred)
+    assert (raw < floor).mean() > 0.3
+    assert np.all(interval[:, 0] >= floor * (1 - 1e-12))
+    assert np.all((interval[:, 0] <= pred) & (pred <= interval[:, 1]))
+    bound = raw < floor  # the interval moves with the raised median: its upper end keeps its width
+    q_hi = {c: tight.residual_quantiles(c)[1] for c in ("gemm", "vector")}
+    hi = pred * np.exp(feats["op_class"].map(q_hi).to_numpy())
+    np.testing.assert_allclose(interval[bound, 1], hi[bound])
+
+
+def test_ceilings_survive_the_bundle_and_old_bundles_use_the_roofline(fitted, data, tmp_path):
+    ops, _ = data
+    meta = fitted._save_to(tmp_path)
+    loaded = OpTimeRegressor._load_from(tmp_path, meta)
+    assert loaded.efficiency_ceiling_ == fitted.efficiency_ceiling_
+    np.testing.assert_array_equal(loaded.predict(ops), fitted.predict(ops))
+    old = {k: v for k, v in meta.items() if k not in ("efficiency_ceiling", "efficiency_margin")}
+    legacy = OpTimeRegressor._load_from(tmp_path, old)
+    assert legacy.efficiency_ceiling_ == {}
+    np.testing.assert_array_equal(legacy.efficiency_ceilings(ops), 1.0)
+    roofline = featurize_ops(ops)["roofline_ms"].to_numpy()
+    assert np.all(legacy.predict(ops) >= roofline)

@@ -15,11 +15,11 @@ import numpy as np
 import pandas as pd
 
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
-from perfcast.features.hardware import collective_cluster
+from perfcast.features.hardware import HardwareSpec, collective_cluster
 from perfcast.features.memory import MemoryBreakdown, peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
-from perfcast.features.roofline import op_time_ms
+from perfcast.features.roofline import MS_PER_S, op_time_ms, roofline_time_s
 from perfcast.features.run_config import RunConfig
 from perfcast.features.schedule import StepBreakdown, compose_step, host_ms_per_kernel
 from perfcast.features.workload import build_workload_graph
@@ -109,8 +109,14 @@ class AnalyticOpPredictor:
                 "bridged": nvlink_bridged_flags(ops) & np.isin(op_kinds(ops), [o.value for o in COLLECTIVE_OPS]),
             }
         )
-        groups = keys.groupby(["gpu", "n", "rpn", "fabric", "bridged"]).indices.items()
+        comm = np.isin(op_kinds(ops), [o.value for o in COLLECTIVE_OPS])
+        # compute rows need only the GPU (a part without interconnect figures still has a roofline)
+        for gpu, positions in keys.loc[~comm].groupby("gpu").indices.items():
+            positions = np.flatnonzero(~comm)[positions]
+            out[positions] = roofline_time_s(ops.iloc[positions], HardwareSpec.from_name(gpu)) * MS_PER_S
+        groups = keys.loc[comm].groupby(["gpu", "n", "rpn", "fabric", "bridged"]).indices.items()
         for (gpu, n, per_node, fab, bridged), positions in groups:
+            positions = np.flatnonzero(comm)[positions]
             cluster = collective_cluster(gpu, int(n), int(per_node) or None, fab or None, bridged=bool(bridged))
             rows = ops.iloc[positions].assign(ranks_per_node=cluster.nvlink_domain, n_ranks=int(n))
             out[positions] = op_time_ms(rows, cluster)

@@ -33,6 +33,23 @@ seen, so a GPU unlike the rest keeps most of its coverage. It is symmetric becau
 skew of a handful of calibration GPUs' residuals does not carry to the next GPU (the
 comparison with the skewed quantile interval: ``benchmarks/results/docstring_notes.md``).
 
+Physical bounds. Whatever the trees say, a predicted time is never below the op's
+roofline time, and its efficiency ``t_roofline / t`` never above the best the training data
+measured for the op's class and dtype family:
+
+.. math::
+
+    \\hat t \\ge t_\\text{roofline} / \\eta_{c,d}, \\qquad
+    \\eta_{c,d} = \\min\\bigl(1,\\; (1 + m) \\max_{\\text{train } c, d} t_\\text{roofline} / t\\bigr)
+
+with ``m`` = :data:`EFFICIENCY_MARGIN` (+10% relative) and ``d`` the dtype family
+(:func:`dtype_family`: 32-bit, 16-bit, 8-bit, 4-bit, by element size). The ceilings are
+fitted with the boosters and saved with them (``efficiency_ceiling_``); a (class, family)
+without training rows, and a bundle saved before the bound, use ``eta = 1``, the roofline
+itself. The median is raised to the floor; the interval is then built around the raised
+median and its lower end raised to the floor too, so ``floor <= lo <= pred <= hi``. The
+inner leave-one-GPU-out residuals of the interval are those of the unbounded model.
+
 Shapes:
     ``X``: (n,) op-table rows (a DataFrame); ``predict``: (n,) ms;
     ``predict_interval``: (n, 2) ms, ``lo <= predict <= hi``.
@@ -56,7 +73,7 @@ from perfcast.features.hardware import HardwareSpec
 from perfcast.features.op_features import FEATURE_SPEC, FEATURE_SPEC_VERSION, featurize_ops
 from perfcast.features.ops import OpClass
 
-__all__ = ["DEFAULT_LAUNCH_MS", "OpTimeRegressor"]
+__all__ = ["DEFAULT_LAUNCH_MS", "EFFICIENCY_MARGIN", "OpTimeRegressor", "dtype_family"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +111,21 @@ LEGACY_ELEM_BYTES = (1.0, 2.0, 4.0)
 dtypes: every dtype that existed before the block-scaled ones. A row whose dtype's size
 (``elem_bytes``) is not among the training sizes is out of domain: its correction comes from
 other formats' efficiency over its own roofline."""
+
+
+EFFICIENCY_MARGIN = 0.10
+"""Relative margin over the best measured efficiency (roofline / time) of a class and dtype family."""
+DTYPE_FAMILIES = ((3.0, "32-bit"), (1.5, "16-bit"), (0.75, "8-bit"), (0.0, "4-bit"))
+"""(smallest element size in bytes, family): fp32/tf32, fp16/bf16, fp8/mxfp8, nvfp4/mxfp4."""
+
+
+def dtype_family(elem_bytes: Any) -> np.ndarray:
+    """Dtype family of each element size (``DType.bytes_per_element``, block scales included)."""
+    elem = np.asarray(elem_bytes, dtype=float).reshape(-1)
+    out = np.full(len(elem), DTYPE_FAMILIES[-1][1], dtype=object)
+    for size, family in reversed(DTYPE_FAMILIES):
+        out[elem >= size] = family
+    return out
 
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
@@ -155,6 +187,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
         train_elem_bytes_: element sizes (``DType.bytes_per_element``) of the training rows;
             other dtypes are out of domain.
+        efficiency_ceiling_: ``{class: {dtype family: eta}}``, the efficiency ceilings of
+            the physical bound (module docstring); a missing entry is 1.
     """
 
     def __init__(
@@ -221,6 +255,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 self.gpu_shifts_[cls] = np.empty(0)
             self.residuals_[cls] = compress_residuals(res, weights)
         self._borrow_gpu_shifts()
+        self.efficiency_ceiling_ = _fit_efficiency_ceilings(feats, t, classes)
 
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
         self.train_gpus_ = tuple(sorted(pd.unique(feats["gpu_id"])))
@@ -396,7 +431,26 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "boosters_")
         feats = self._featurize_checked(X)
         self._warn_out_of_domain(self._out_of_domain(feats))
-        return self._predict_ms(feats)
+        return np.fmax(self._predict_ms(feats), self._floor_ms(feats))
+
+    def efficiency_ceilings(self, X: pd.DataFrame) -> np.ndarray:
+        """The efficiency ceiling ``eta`` of each row's class and dtype family (shape ``(n,)``, in (0, 1])."""
+        check_is_fitted(self, "boosters_")
+        return self._ceilings(self._featurize_checked(X))
+
+    def _ceilings(self, feats: pd.DataFrame) -> np.ndarray:
+        ceilings = getattr(self, "efficiency_ceiling_", {})
+        families = dtype_family(feats["elem_bytes"].to_numpy(dtype=float))
+        classes = feats["op_class"].to_numpy()
+        out = np.ones(len(feats))
+        for cls, by_family in ceilings.items():
+            for family, eta in by_family.items():
+                out[(classes == cls) & (families == family)] = eta
+        return out
+
+    def _floor_ms(self, feats: pd.DataFrame) -> np.ndarray:
+        """Physical floor of each row: its roofline time over its efficiency ceiling, ms."""
+        return feats["roofline_ms"].to_numpy(dtype=float) / self._ceilings(feats)
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
         """``(n, 2)`` interval, ms, meant to cover ``coverage`` of the rows of an unseen GPU.
@@ -425,7 +479,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         feats = self._featurize_checked(X)
         ood = self._out_of_domain(feats)
         self._warn_out_of_domain(ood, stacklevel=4)
-        pred = self._predict_ms(feats)
+        floor = self._floor_ms(feats)
+        pred = np.fmax(self._predict_ms(feats), floor)
         out = np.empty((len(pred), 2))
         classes = feats["op_class"].to_numpy()
         for cls in pd.unique(classes):
@@ -433,6 +488,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             q_lo, q_hi = self.residual_quantiles(cls, coverage)
             out[m, 0] = pred[m] * np.exp(q_lo)
             out[m, 1] = pred[m] * np.exp(q_hi)
+        out[:, 0] = np.fmax(out[:, 0], floor)
         return pred, out, ood
 
     def residual_quantiles(self, op_class: str, coverage: float = 0.9) -> tuple[float, float]:
@@ -559,6 +615,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             "train_elem_bytes": list(self.train_elem_bytes_),
             "gpu_domain": {k: list(v) for k, v in self.gpu_domain_.items()},
             "dim_domain": {c: {k: list(v) for k, v in r.items()} for c, r in self.dim_domain_.items()},
+            "efficiency_margin": EFFICIENCY_MARGIN,
+            "efficiency_ceiling": {c: dict(r) for c, r in getattr(self, "efficiency_ceiling_", {}).items()},
         }
 
     @classmethod
@@ -592,6 +650,10 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             model.gpu_domain_ = {k: (float(a), float(b)) for k, (a, b) in meta["gpu_domain"].items()}
             model.dim_domain_ = {
                 c: {k: (float(a), float(b)) for k, (a, b) in r.items()} for c, r in meta["dim_domain"].items()
+            }
+            # bundles written before the physical bound have no ceilings: efficiency 1 (the roofline)
+            model.efficiency_ceiling_ = {
+                c: {f: float(eta) for f, eta in r.items()} for c, r in meta.get("efficiency_ceiling", {}).items()
             }
             boosters = {}
             for c, name in meta["files"].items():
@@ -627,6 +689,20 @@ def _fit_launch(cls: str, feats: pd.DataFrame, t: np.ndarray) -> dict[tuple[str,
     for vendor in pd.unique(vendors):
         m = small & (vendors == vendor)
         out[(str(vendor), cls)] = float(np.quantile(t[m], LAUNCH_QUANTILE)) if m.sum() >= MIN_LAUNCH_ROWS else pooled
+    return out
+
+
+def _fit_efficiency_ceilings(feats: pd.DataFrame, t: np.ndarray, classes: list[str]) -> dict[str, dict[str, float]]:
+    """``{class: {dtype family: min(1, (1 + margin) * best measured roofline / time)}}``."""
+    eff = feats["roofline_ms"].to_numpy(dtype=float) / t
+    families = dtype_family(feats["elem_bytes"].to_numpy(dtype=float))
+    op_class = feats["op_class"].to_numpy()
+    out: dict[str, dict[str, float]] = {}
+    for cls in classes:
+        out[cls] = {}
+        for family in sorted(pd.unique(families[op_class == cls])):
+            best = float(np.nanmax(eff[(op_class == cls) & (families == family)]))
+            out[cls][str(family)] = float(min(1.0, (1.0 + EFFICIENCY_MARGIN) * best))
     return out
 
 
