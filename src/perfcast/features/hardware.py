@@ -5,7 +5,7 @@ The code lives in one module per job; this module re-exports their names so that
 
 - :mod:`perfcast.features.hardware_spec`: :class:`HardwareSpec`, :class:`FabricSpec`, the
   loaded catalog (:func:`list_hardware`, :func:`resolve_gpu_name`, :func:`add_user_hardware`);
-- :mod:`perfcast.features.catalog`: the catalog files and the user's hardware folder;
+- :mod:`perfcast.features.catalog_files`: the catalog files and the user's hardware folder;
 - :mod:`perfcast.features.gpu_names`: device-name normalisation, aliases, part matching;
 - :mod:`perfcast.features.cluster`: :class:`ClusterSpec` and :func:`collective_cluster`;
 - :mod:`perfcast.features.descriptors`: :func:`descriptor_figures` (imputed catalog gaps);
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from perfcast.errors import SpecError as SpecError
 from perfcast.errors import UnknownEntryError as UnknownEntryError
-from perfcast.features.catalog import USER_HARDWARE_ENV, user_hardware_dir
+from perfcast.features.catalog_files import USER_HARDWARE_ENV, user_hardware_dir
 from perfcast.features.cluster import (
     DEFAULT_GPUS_PER_NODE,
     NVLINK_BRIDGE_GPUS,

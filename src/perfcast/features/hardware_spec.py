@@ -2,7 +2,7 @@
 
 :class:`HardwareSpec` is one accelerator's datasheet (vendor peaks, dense only, see
 ``../shared/hardware/README.md``) and :class:`FabricSpec` one scale-out fabric or NVLink
-domain. Entries come from the catalog (:mod:`perfcast.features.catalog`: package data plus
+domain. Entries come from the catalog (:mod:`perfcast.features.catalog_files`: package data plus
 the user's folder), loaded once per process; device names resolve to catalog ids with
 :func:`resolve_gpu_name` (rules in :mod:`perfcast.features.gpu_names`).
 
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features._spec_io import read_json
-from perfcast.features.catalog import (
+from perfcast.features.catalog_files import (
     ACCELERATOR_DIR,
     FABRIC_DIR,
     read_catalog_dir,
@@ -424,7 +424,8 @@ def add_user_hardware(spec: HardwareSpec, directory: Path | None = None) -> Path
 
 @lru_cache(maxsize=1)
 def _load_hardware() -> Mapping[str, HardwareSpec]:
-    """The shipped catalog plus the user's entries (see :func:`~perfcast.features.catalog.read_hardware_entries`)."""
+    """The shipped catalog plus the user's entries
+    (:func:`~perfcast.features.catalog_files.read_hardware_entries`)."""
     return read_hardware_entries(HardwareSpec)
 
 
