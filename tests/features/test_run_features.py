@@ -121,3 +121,19 @@ def test_column_wise_features_equal_each_configs_own():
     feats = featurize_runs(configs, _composed(configs))
     expected = pd.DataFrame([_reference_row(c) for c in configs], dtype=float)
     pd.testing.assert_frame_equal(feats[expected.columns], expected, rtol=1e-14)
+
+
+def test_software_switches_count_only_where_the_layout_has_their_mechanism():
+    rows = [
+        {"dp": 8, "framework": "pytorch-fsdp"},  # ZeRO-3: grad sync overlapped, prefetch
+        {"dp": 8, "framework": "megatron-core"},  # ZeRO-1: grad sync and param gather overlapped
+        {"tp": 8, "dp": 1, "framework": "megatron-core", "sequence_parallel": True},  # no dp: tp overlap only
+        {"dp": 8},  # no framework: megatron-deepspeed, nothing overlapped
+        {"dp": 8, "framework": "torchtitan", "cuda_graphs": True},
+    ]
+    configs = [parse_run_row({**BASE, **row}) for row in rows]
+    feats = featurize_runs(configs, _composed(configs))
+    cols = ["overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "tp_comm_overlap", "cuda_graphs",
+            "torch_compile"]  # fmt: skip
+    expected = [[1, 0, 1, 0, 0, 0], [1, 1, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0], [1, 0, 1, 0, 1, 1]]
+    np.testing.assert_array_equal(feats[cols].to_numpy(), expected)

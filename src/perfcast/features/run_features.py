@@ -9,7 +9,9 @@ breakdown as fractions of the composed step, so a learned correction transfers a
 model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/tp,
 FFN/tp) tell launch-bound small GEMMs from compute-bound ones. A measured run may carry
 the MLPerf round of its software (:data:`RELEASE_COLUMN`): the same H100 GPT-3 step ran
-1.28x the composed time on v3.0 software and 1.02x on v4.1.
+1.28x the composed time on v3.0 software and 1.02x on v4.1. The software columns
+(:data:`_SOFTWARE`) state what the training stack overlaps, not its name, so a framework
+no training run used still maps onto behaviour the model has seen.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec, descriptor_figures
 from perfcast.features.model import ModelSpec
-from perfcast.features.parallel import Finetune, Recompute
+from perfcast.features.parallel import Finetune, ParallelConfig, Recompute
 from perfcast.features.run_config import RunConfig
 
 __all__ = [
@@ -37,7 +39,8 @@ __all__ = [
     "software_release",
 ]
 
-RUN_FEATURE_SPEC_VERSION = 4  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains
+RUN_FEATURE_SPEC_VERSION = 5  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
+# 5: software switches (what the stack overlaps)
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -59,6 +62,17 @@ _LAYOUT = (
     "dtype_bytes",
     "flash_attention",
 )
+_SOFTWARE = (
+    "overlap_grad_reduce",
+    "overlap_param_gather",
+    "fsdp_prefetch",
+    "tp_comm_overlap",
+    "cuda_graphs",
+    "torch_compile",
+)
+"""The framework switches of ``docs/frameworks.md``, each 1 only where the layout has its
+mechanism (gradient sync: ``dp*cp > 1``; parameter gather: that and ZeRO-1/2; prefetch:
+that and ZeRO-3; TP overlap: ``tp > 1``), so a new framework maps onto known behaviour."""
 _UNLOGGED = {"log2_num_microbatches": "num_microbatches", "log2_global_batch": "global_batch"}
 """Layout features taken as log2 of a field."""
 _MODEL = (
@@ -106,7 +120,7 @@ class RunFeatureSpec:
 RELEASE_COLUMN = "software_release"
 """The MLPerf round whose software a run used, as ``major.minor`` (v4.1 -> 4.1); NaN when unknown."""
 RUN_FEATURE_SPEC = RunFeatureSpec(
-    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
+    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_SOFTWARE, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
 )
 COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
@@ -160,6 +174,19 @@ def _shared_rows(items: Sequence[tuple[object, ...]], build: Callable[..., dict[
     return pd.DataFrame(rows).iloc[positions].reset_index(drop=True)
 
 
+def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
+    """:data:`_SOFTWARE` of one layout: a switch counts where the layout has what it overlaps."""
+    sharded = p.dp * p.cp > 1
+    return (
+        p.overlap_grad_reduce and sharded,
+        p.overlap_param_gather and sharded and p.zero_stage in (1, 2),
+        p.fsdp_prefetch and sharded and p.zero_stage == 3,
+        p.tp_comm_overlap and p.tp > 1,
+        p.cuda_graphs,
+        p.torch_compile,
+    )
+
+
 def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
     """The layout, model, cluster and GEMM-size features of ``configs``, column-wise."""
     layouts: dict[int, tuple[float, ...]] = {}  # rows often share their layout object
@@ -168,9 +195,10 @@ def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
         if id(p) not in layouts:
             layouts[id(p)] = (p.tp, p.pp, p.dp, p.cp, p.ep, p.micro_batch, p.num_microbatches, p.global_batch, p.vpp,
                               p.sequence_parallel and p.tp > 1, p.zero_stage, _RECOMPUTE_CODE[p.recompute],
-                              p.finetune is Finetune.LORA, p.dtype.bytes_per_element, p.flash_attention)  # fmt: skip
+                              p.finetune is Finetune.LORA, p.dtype.bytes_per_element, p.flash_attention,
+                              *_software_switches(p))  # fmt: skip
     p_rows = [layouts[id(c.parallel)] for c in configs]
-    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in _LAYOUT], dtype=float)
+    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in (*_LAYOUT, *_SOFTWARE)], dtype=float)
     model = _shared_rows([(c.model,) for c in configs], _model_columns)
     cluster = _shared_rows([(c.cluster, c.parallel.dtype) for c in configs], _cluster_columns)
     tp = lay["tp"].to_numpy()
