@@ -8,7 +8,7 @@ the reader or the checks refuse come back in ``rejected`` with their reasons.
 Example::
 
     from perfcast.data.sources import read_source
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
 
     loaded = read_source("../shared/data/neusight_kernels_gemm.csv.gz", resolve_gpu=resolve_gpu_name)
     loaded.records, loaded.rejected, loaded.kind

@@ -38,8 +38,9 @@ import pandas as pd
 
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError
+from perfcast.features.cluster import NVLINK_BRIDGE_GPUS, collective_cluster
 from perfcast.features.collectives import collective_time_s
-from perfcast.features.hardware import NVLINK_BRIDGE_GPUS, HardwareSpec, collective_cluster
+from perfcast.features.hardware_spec import HardwareSpec
 from perfcast.features.ops import flag_column
 
 __all__ = [

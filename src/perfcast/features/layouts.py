@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout
 

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.schema import DType
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size
 from perfcast.features.run_config import RunConfig

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from perfcast.data.schema import FIELD_MAX, DType, Fp8Recipe
 from perfcast.errors import SpecError
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import DEFAULT_FRAMEWORK, Framework
-from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 
 

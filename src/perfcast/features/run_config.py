@@ -31,8 +31,8 @@ from perfcast.data.schema import (
 )
 from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS
 from perfcast.errors import PerfcastError, SpecError, UnknownEntryError
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import Framework, framework_fields
-from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.model_source import ModelSource, model_key
 from perfcast.features.parallel import Finetune, ParallelConfig, check_layout, pipeline_split

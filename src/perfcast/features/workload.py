@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from perfcast.data.schema import DType
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.graph import (  # noqa: F401 (re-exported)
     NODE_COLUMNS,
     SHAPE_COLUMNS,
@@ -51,7 +52,6 @@ from perfcast.features.graph import (  # noqa: F401 (re-exported)
     Scope,
     WorkloadGraph,
 )
-from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import Activation, ModelSpec, NormType
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size

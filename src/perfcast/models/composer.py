@@ -56,7 +56,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.errors import OutOfDomainWarning, SpecError
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.ops import COLLECTIVE_OPS, OpType, op_flops, op_memory_bytes
 from perfcast.features.parallel import Recompute

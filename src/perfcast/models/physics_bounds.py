@@ -59,7 +59,7 @@ from typing import Any, Self
 
 import numpy as np
 
-from perfcast.features.hardware import HardwareSpec, list_hardware
+from perfcast.features.hardware_spec import HardwareSpec, list_hardware
 from perfcast.features.run_config import RunConfig
 from perfcast.models.analytic import model_flops_per_step
 

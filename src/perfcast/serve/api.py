@@ -353,7 +353,7 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
     @app.get("/v1/hardware")
     def hardware() -> list[dict[str, Any]]:
         """Every catalog accelerator with its datasheet figures."""
-        from perfcast.features.hardware import list_hardware
+        from perfcast.features.hardware_spec import list_hardware
 
         return [{k: _json_value(v) for k, v in hw.model_dump().items()} for hw in list_hardware()]
 

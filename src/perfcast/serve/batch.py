@@ -27,8 +27,9 @@ from perfcast.data.schema import (
 )
 from perfcast.data.tables import DEFAULT_COVERAGE, ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
+from perfcast.features.cluster import collective_cluster
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
-from perfcast.features.hardware import HardwareSpec, collective_cluster, resolve_gpu_name
+from perfcast.features.hardware_spec import HardwareSpec, resolve_gpu_name
 from perfcast.features.memory import peak_memory_table
 from perfcast.features.model_source import ModelSource
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op

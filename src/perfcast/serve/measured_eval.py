@@ -55,7 +55,7 @@ def load_measured(path: str | Path, kind: str, **reader_options: Any) -> pd.Data
     """
     from perfcast.data.dataset import load_dataset
     from perfcast.data.sources import detect_reader, read_source
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
 
     path = Path(path)
     column = MEASURED[kind]

@@ -20,7 +20,7 @@ import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
-from perfcast.features.hardware import ClusterSpec
+from perfcast.features.cluster import ClusterSpec
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource

@@ -201,7 +201,8 @@ def few_shot_curve(
         ops: the op-table rows evaluated, indexed like ``predictions``.
     """
     from perfcast.features.ops import op_classes, op_kinds
-    from perfcast.models.calibration import fit_correction, log_dims
+    from perfcast.models.calibration import fit_correction
+    from perfcast.models.correction_fit import log_dims
 
     if design not in ("spread", "random"):
         raise ValueError(f"design={design!r}; allowed: spread, random")

@@ -34,7 +34,8 @@ _err = Console(stderr=True, soft_wrap=True)
 
 def _host_gpu_id(name: str, card: dict) -> str:
     """Save the host as a user hardware entry from the profile's measured rates; return its id."""
-    from perfcast.features.hardware import add_user_hardware, host_hardware_spec
+    from perfcast.features.hardware_spec import add_user_hardware
+    from perfcast.features.host_hardware import host_hardware_spec
 
     rates = card["extra"]["method"]["calibration"]
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -72,7 +73,7 @@ def calibrate_command(
     if ctx.invoked_subcommand is not None:
         return
     from perfcast.data.profiler import run_profile
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
     from perfcast.features.sweeps import profile_plan
     from perfcast.models.calibration import fit_correction, predictor_identity, save_correction
     from perfcast.serve.predictors import load_op_predictor

@@ -25,7 +25,7 @@ from perfcast.data.sources import READERS, LoadedSource, detect_reader, read_sou
 from perfcast.data.tables import read_table
 from perfcast.data.validate import check_op_records, check_run_records
 from perfcast.errors import DatasetError
-from perfcast.features.hardware import resolve_gpu_name
+from perfcast.features.hardware_spec import resolve_gpu_name
 from perfcast.serve.cli._guard import user_errors
 
 data_app = typer.Typer(help="Import measured data into datasets; list, show and validate datasets.",

@@ -33,7 +33,7 @@ def evaluate_logo_command(
     max_rows_per_gpu: int = typer.Option(40_000, "--max-rows-per-gpu", help="Training rows sampled per GPU."),
 ) -> None:
     """Hold out each GPU in turn; print MAPE, median and p90 APE, coverage and width per GPU and class."""
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
     from perfcast.features.op_features import featurize_ops
     from perfcast.models.op_model import OpTimeRegressor
     from perfcast.training.evaluate import evaluate_logo, evaluation_class, markdown_table

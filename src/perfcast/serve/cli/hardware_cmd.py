@@ -56,7 +56,7 @@ def _cell(value: Any) -> str:
 
 
 def _list_rows() -> list[dict[str, Any]]:
-    from perfcast.features.hardware import list_hardware
+    from perfcast.features.hardware_spec import list_hardware
 
     return [{header: getattr(hw, attr) for header, attr in LIST_COLUMNS} for hw in list_hardware()]
 
@@ -98,7 +98,7 @@ def show_command(
     fmt: ShowFormat = typer.Option(ShowFormat.TABLE, "--format", "-f", help="table or json"),
 ) -> None:
     """Show every field of one catalog entry, found by id, alias or device name."""
-    from perfcast.features.hardware import HardwareSpec
+    from perfcast.features.hardware_spec import HardwareSpec
 
     with user_errors():
         hw = HardwareSpec.from_name(id_or_name)

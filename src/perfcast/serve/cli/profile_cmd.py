@@ -126,7 +126,7 @@ def _profile(
 
 
 def _catalog_id(err: Console, name: str) -> str | None:
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
 
     try:
         gpu_id = resolve_gpu_name(name)

@@ -47,7 +47,7 @@ def train_ops_command(
     With ``--dask`` every booster (the op classes' and the interval's inner folds) trains on
     the cluster with ``xgboost.dask``; the rest runs here and the bundle is the same kind.
     """
-    from perfcast.features.hardware import resolve_gpu_name
+    from perfcast.features.hardware_spec import resolve_gpu_name
     from perfcast.training.train_ops import load_op_records, median_summary, train_op_predictor
 
     out = output or _default_output()
