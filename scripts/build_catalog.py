@@ -309,6 +309,21 @@ def nvlink_domain_gpus(row: dict[str, str]) -> int | None:
     return int(found.group(1)) if found else None
 
 
+# Curated: dense fp32 rate of the matrix (MFMA) path of AMD CDNA1/2 parts, TFLOP/s
+# (HardwareSpec.peak_fp32_matrix_tflops). Not a CSV column: the CSV's peak_fp32 is the vector
+# rate, and its notes state the matrix rate, which AMD's GEMM libraries use for fp32 GEMMs:
+# mi100 "Matrix FP32 46.1 TFLOPS (packed/matrix) not in peak_fp32 column", mi210
+# "Packed/matrix FP32 45.3", mi250x-package "Packed FP32 = 95.7"; mi250x-gcd is half the
+# package, as its notes state for every per-GCD figure. CDNA3/4 parts' fp32 column already
+# is their fp32 matrix rate or higher.
+FP32_MATRIX_TFLOPS: dict[str, float] = {
+    "mi100": 46.1,
+    "mi210": 45.3,
+    "mi250x-package": 95.7,
+    "mi250x-gcd": 47.85,
+}
+
+
 # Curated: fabric confidence, only where the CSV notes or its README state it
 # (ib-ndr-400-gb200-nvl72: "LOW CONFIDENCE" in its notes; nvl72-gb300: verda.com, the
 # README's weakest source). Other rows: not stated (null).
@@ -394,6 +409,7 @@ def accelerator_entry(row: dict[str, str]) -> dict[str, Any]:
     entry["notes"] = notes
     entry["default_fabric"] = DEFAULT_FABRIC[hw_id]
     entry["nvlink_bridge_bw_gbps"] = NVLINK_BRIDGE_BW_GBPS.get(hw_id)
+    entry["peak_fp32_matrix_tflops"] = FP32_MATRIX_TFLOPS.get(hw_id)
     entry["nvlink_domain_gpus"] = nvlink_domain_gpus(row)
     entry["aliases"] = list(ALIASES.get(hw_id, ())) + list(CLOUD_INSTANCE_TYPES.get(hw_id, ()))
     return entry

@@ -446,7 +446,7 @@ def test_missing_figures_raise_naming_id_and_field():
     nvl = HardwareSpec.from_name("h100-nvl-94gb")
     with pytest.raises(SpecError, match=r"h100-nvl-94gb.*peak_bf16_tflops"):
         nvl.peak_tflops("bf16")
-    with pytest.raises(SpecError, match=r"h100-nvl-94gb.*peak_tf32_tflops and peak_fp32_tflops"):
+    with pytest.raises(SpecError, match=r"h100-nvl-94gb.*peak_tf32_tflops and peak_fp32_matrix_tflops and peak_fp32_tflops"):
         nvl.peak_tflops("tf32")
     with pytest.raises(SpecError, match=r"tpu-v5e.*peak_fp32_tflops"):
         HardwareSpec.from_name("tpu-v5e").peak_tflops("fp32")
@@ -633,3 +633,11 @@ def test_one_malformed_user_hardware_file_is_skipped_with_one_warning(tmp_path, 
         monkeypatch.delenv(hardware.USER_HARDWARE_ENV)
         for cached in (hardware._load_hardware, hardware._alias_index, hardware._suggestion_candidates):
             cached.cache_clear()
+
+
+def test_amd_fp32_gemms_run_at_the_matrix_rate_the_catalog_notes_state():
+    mi210 = HardwareSpec.from_name("mi210")
+    assert mi210.peak_fp32_matrix_tflops == 45.3 and mi210.peak_tflops("fp32") == 45.3
+    assert mi210.vector_tflops("fp32") == mi210.peak_fp32_tflops == 22.6  # vector ops keep the vector rate
+    h100 = HardwareSpec.from_name("h100-sxm5-80gb")
+    assert h100.peak_fp32_matrix_tflops is None and h100.peak_tflops("fp32") == h100.peak_fp32_tflops

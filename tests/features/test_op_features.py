@@ -41,7 +41,7 @@ def feats() -> pd.DataFrame:
 
 
 def test_spec():
-    assert FEATURE_SPEC.version == FEATURE_SPEC_VERSION == 2
+    assert FEATURE_SPEC.version == FEATURE_SPEC_VERSION == 3
     assert set(FEATURE_SPEC.columns) == {"gemm", "attention", "vector", "collective"}
     for cols in FEATURE_SPEC.columns.values():
         assert len(cols) == len(set(cols))

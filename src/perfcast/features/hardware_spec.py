@@ -66,7 +66,8 @@ class HardwareSpec(BaseModel):
     """Datasheet of one accelerator (vendor peak figures, dense, per device).
 
     Compute peaks are dense (no 2:4 sparsity). ``peak_fp64_tflops`` and
-    ``peak_fp32_tflops`` are vector (non-tensor) rates; ``peak_tf32/fp16/bf16/fp8/fp4``
+    ``peak_fp32_tflops`` are vector (non-tensor) rates (``peak_fp32_matrix_tflops``: the fp32
+    rate of AMD's matrix cores, where the catalog states it); ``peak_tf32/fp16/bf16/fp8/fp4``
     and ``peak_int8_tops`` are tensor-core / matrix-engine rates. ``None`` means the
     figure was not found in a vendor source (or the part does not support the format;
     ``notes`` says which). ``intra_node_bw_gbps`` is the per-GPU scale-up bandwidth,
@@ -91,6 +92,7 @@ class HardwareSpec(BaseModel):
     peak_fp64_tflops: float | None
     peak_fp64_matrix_tflops: float | None
     peak_fp32_tflops: float | None
+    peak_fp32_matrix_tflops: float | None = None
     peak_tf32_tflops: float | None
     peak_fp16_tflops: float | None
     peak_bf16_tflops: float | None
@@ -121,6 +123,7 @@ class HardwareSpec(BaseModel):
         "peak_fp64_tflops",
         "peak_fp64_matrix_tflops",
         "peak_fp32_tflops",
+        "peak_fp32_matrix_tflops",
         "peak_tf32_tflops",
         "peak_fp16_tflops",
         "peak_bf16_tflops",
@@ -172,8 +175,10 @@ class HardwareSpec(BaseModel):
 
         Per dtype, the first figure present is used:
 
-        - ``fp32``: ``peak_fp32_tflops`` (plain fp32 GEMMs run on the vector units);
-        - ``tf32``: ``peak_tf32_tflops``, else ``peak_fp32_tflops`` -- parts without TF32
+        - ``fp32``: ``peak_fp32_matrix_tflops`` (AMD CDNA1/2, whose GEMM libraries run fp32
+          on the matrix cores at twice the vector rate), else ``peak_fp32_tflops`` (NVIDIA
+          runs plain fp32 GEMMs on the vector units);
+        - ``tf32``: ``peak_tf32_tflops``, else as ``fp32`` -- parts without TF32
           (pre-Ampere NVIDIA, CDNA1/2/4) run a TF32 request as plain fp32;
         - ``fp16``: ``peak_fp16_tflops`` (no fallback);
         - ``bf16``: ``peak_bf16_tflops`` (no fallback). Parts without BF16 tensor units
@@ -270,8 +275,8 @@ class HardwareSpec(BaseModel):
 
 
 _PEAK_FALLBACKS: dict[DType, tuple[str, ...]] = {
-    DType.FP32: ("peak_fp32_tflops",),
-    DType.TF32: ("peak_tf32_tflops", "peak_fp32_tflops"),
+    DType.FP32: ("peak_fp32_matrix_tflops", "peak_fp32_tflops"),
+    DType.TF32: ("peak_tf32_tflops", "peak_fp32_matrix_tflops", "peak_fp32_tflops"),
     DType.FP16: ("peak_fp16_tflops",),
     DType.BF16: ("peak_bf16_tflops",),
     DType.FP8: ("peak_fp8_tflops", "peak_bf16_tflops", "peak_fp16_tflops"),

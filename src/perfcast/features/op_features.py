@@ -64,7 +64,8 @@ __all__ = [
     "featurize_ops",
 ]
 
-FEATURE_SPEC_VERSION = 2  # 2: missing descriptors imputed from a same-vendor peer, not NaN
+FEATURE_SPEC_VERSION = 3
+# 2: missing descriptors imputed from a same-vendor peer, not NaN; 3: AMD fp32 GEMMs at the matrix rate
 
 GEMM_TILES = (64, 128, 256)
 ATTENTION_TILES = (64, 128)
