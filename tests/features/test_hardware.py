@@ -446,7 +446,8 @@ def test_missing_figures_raise_naming_id_and_field():
     nvl = HardwareSpec.from_name("h100-nvl-94gb")
     with pytest.raises(SpecError, match=r"h100-nvl-94gb.*peak_bf16_tflops"):
         nvl.peak_tflops("bf16")
-    with pytest.raises(SpecError, match=r"h100-nvl-94gb.*peak_tf32_tflops and peak_fp32_matrix_tflops and peak_fp32_tflops"):
+    tf32_fields = r"peak_tf32_tflops and peak_fp32_matrix_tflops and peak_fp32_tflops"
+    with pytest.raises(SpecError, match=rf"h100-nvl-94gb.*{tf32_fields}"):
         nvl.peak_tflops("tf32")
     with pytest.raises(SpecError, match=r"tpu-v5e.*peak_fp32_tflops"):
         HardwareSpec.from_name("tpu-v5e").peak_tflops("fp32")
