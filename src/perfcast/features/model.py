@@ -413,7 +413,7 @@ class ModelSpec(ModelCounts, BaseModel):
                 return cls.from_hf_config(path)
             return cls.from_dict(data, where=str(path))
         text = str(ref)
-        if text.endswith(".json") or "/" in text or "\\" in text:
+        if looks_like_path(text):
             raise SpecError(f"model={text!r}: no such file or directory")
         return cls.from_name(text)
 
@@ -427,3 +427,8 @@ def _load_preset(model_id: str) -> ModelSpec:
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{where}: cannot read: {exc}") from None
     return ModelSpec.from_dict(data, where=where)
+
+
+def looks_like_path(text: str) -> bool:
+    """A ``model`` reference written as a file path (a ``.json`` name or one with a separator), not a preset id."""
+    return text.endswith(".json") or "/" in text or "\\" in text

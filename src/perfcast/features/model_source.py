@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.errors import PerfcastError, SpecError
-from perfcast.features.model import ModelSpec, looks_like_hf_config
+from perfcast.features.model import ModelSpec, looks_like_hf_config, looks_like_path
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest model config file a restricted source reads, bytes (configs are a few KB)."""
@@ -67,7 +67,7 @@ class ModelSource:
         path = self._allowed_file(text)
         if path is not None:
             return self._read_allowed(text, path)
-        if text.endswith(".json") or "/" in text or "\\" in text or text.startswith("."):
+        if looks_like_path(text) or text.startswith("."):
             where = "model configs only from its --model-dir folders" if self.allowed_dirs else "no model files"
             raise SpecError(
                 f"model={text!r}: this service reads {where}; "
