@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from perfcast import __version__
 from perfcast.data.schema import FIELD_MAX, FIELD_MIN_ZERO
+from perfcast.data.tables import ERROR_COLUMN
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
 from perfcast.features.run_config import DEFAULTED_COLUMN, RUN_BOOL_FIELDS, RUN_INPUT_FIELDS, RUN_INT_FIELDS
@@ -271,6 +272,16 @@ def _records(given: list[dict[str, Any]], frame: pd.DataFrame) -> list[dict[str,
     return [{**g, **{k: _json_value(v) for k, v in a.items()}} for g, a in zip(given, out, strict=True)]
 
 
+def _prediction_response(
+    predictor: Any, coverage: float, given: list[dict[str, Any]], out: pd.DataFrame, notes: list[str]
+) -> Response:
+    """A :class:`PredictionResponse` of the predicted table ``out`` for the rows ``given``."""
+    return _json_response({
+        "predictor": predictor.name, "coverage": coverage, "n_errors": int((out[ERROR_COLUMN] != "").sum()),
+        "warnings": notes, "rows": _records(given, out),
+    })  # fmt: skip
+
+
 def _json_response(content: Any) -> Response:
     return Response(json.dumps(content, allow_nan=False).encode(), media_type="application/json")
 
@@ -370,10 +381,7 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         given, frame, notes = _table(request.rows, OP_OUTPUT_NAMES)
         predictor = (calibrated if request.calibration else bare)["ops"]
         out = predict_ops_table(frame, predictor=predictor, coverage=request.coverage)
-        return _json_response({
-            "predictor": predictor.name, "coverage": request.coverage,
-            "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
-        })  # fmt: skip
+        return _prediction_response(predictor, request.coverage, given, out, notes)
 
     def steps_work(raw: bytes) -> Response:
         request = _parse(raw, StepsRequest)
@@ -382,10 +390,7 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         predictor = (calibrated if request.calibration else bare)["steps"]
         out = predict_steps_table(frame, predictor=predictor, coverage=request.coverage,
                                   breakdown=request.breakdown, model_source=model_source)  # fmt: skip
-        return _json_response({
-            "predictor": predictor.name, "coverage": request.coverage,
-            "n_errors": int((out["error"] != "").sum()), "warnings": notes, "rows": _records(given, out),
-        })  # fmt: skip
+        return _prediction_response(predictor, request.coverage, given, out, notes)
 
     def search_work(raw: bytes) -> Response:
         from perfcast.data.schema import DType
