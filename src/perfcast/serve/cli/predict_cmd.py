@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import typer
@@ -170,26 +171,17 @@ def predict_steps(
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict step time (with an interval), peak memory, MFU and tokens/s of every config in a run table."""
-    from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
         path = _input(input_path, "runs.csv")
         target = _target(output, fmt)
         parts = breakdown or plot is not None
-        if dask:
-            if parts:
-                raise SpecError("--breakdown and --plot are not available with --dask; predict without --dask")
-            from perfcast.serve.dask_predict import predict_table_dask
-
-            result = predict_table_dask(path, "steps", address=dask, ref=model, coverage=coverage,
-                                        calibration=calibration)  # fmt: skip
-            _write(result, output, target)
-            rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
-        else:
-            predictor = load_calibrated_predictor("steps", model, calibration)
-            done = _stream(path, output, "steps", predictor, target, coverage=coverage, breakdown=parts,
-                           preview_rows=max(show, PLOT_ROWS if plot else 0))  # fmt: skip
-            rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
+        if dask and parts:
+            raise SpecError("--breakdown and --plot are not available with --dask; predict without --dask")
+        rows, n_bad, preview, name = _predict_file(
+            "steps", path, output, target, model=model, coverage=coverage, calibration=calibration, dask=dask,
+            breakdown=parts, preview_rows=max(show, PLOT_ROWS if plot else 0),
+        )  # fmt: skip
         _report(preview, STEP_COLUMNS, f"step predictions ({name})", show, output, target, rows, n_bad)
         if plot is not None:
             _plot_breakdown(preview, plot)
@@ -218,26 +210,45 @@ def predict_ops(
     show: int = typer.Option(20, "--show", help="Rows to print as a table (0: none)."),
 ) -> None:
     """Predict the time of every op in an op table, with an interval."""
-    from perfcast.serve.predictors import load_calibrated_predictor
 
     def run() -> None:
         path = _input(input_path, "ops.csv")
         target = _target(output, fmt)
-        if dask:
-            from perfcast.serve.dask_predict import predict_table_dask
-
-            result = predict_table_dask(path, "ops", address=dask, ref=model, coverage=coverage,
-                                        calibration=calibration)  # fmt: skip
-            _write(result, output, target)
-            rows, n_bad, preview, name = len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
-        else:
-            predictor = load_calibrated_predictor("ops", model, calibration)
-            done = _stream(path, output, "ops", predictor, target, coverage=coverage)
-            rows, n_bad, preview, name = done.rows, done.n_errors, done.preview, predictor.name
+        rows, n_bad, preview, name = _predict_file(
+            "ops", path, output, target, model=model, coverage=coverage, calibration=calibration, dask=dask
+        )
         _report(preview, OP_COLUMNS_SHOWN, f"op predictions ({name})", show, output, target, rows, n_bad)
 
     with user_errors():
         run()
+
+
+def _predict_file(
+    kind: str,
+    path: Path,
+    output: str,
+    target: str,
+    *,
+    model: str | None,
+    coverage: float,
+    calibration: bool,
+    dask: str | None,
+    **stream_options: Any,
+) -> tuple[int, int, pd.DataFrame, str]:
+    """Predict the ``steps`` or ``ops`` table at ``path`` into ``output`` (on Dask, or streamed in
+    chunks here with ``stream_options``): rows written, rows with an error, the preview rows and
+    the predictor's name."""
+    from perfcast.serve.predictors import load_calibrated_predictor
+
+    if dask:
+        from perfcast.serve.dask_predict import predict_table_dask
+
+        result = predict_table_dask(path, kind, address=dask, ref=model, coverage=coverage, calibration=calibration)
+        _write(result, output, target)
+        return len(result), int((result[ERROR_COLUMN] != "").sum()), result, "dask"
+    predictor = load_calibrated_predictor(kind, model, calibration)
+    done = _stream(path, output, kind, predictor, target, coverage=coverage, **stream_options)
+    return done.rows, done.n_errors, done.preview, predictor.name
 
 
 def _target(output: str, fmt: str | None) -> str:
