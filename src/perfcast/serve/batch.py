@@ -182,7 +182,7 @@ def predict_steps_table(
     for start in range(0, len(configs), STEP_CHUNK_ROWS):
         chunk = configs[start : start + STEP_CHUNK_ROWS]
         pos = positions[start : start + STEP_CHUNK_ROWS]
-        answered = _predict_chunk(predictor, chunk, pos, coverage, out)
+        answered = _predict_chunk(predictor, chunk, pos, coverage, out, links=breakdown)
         if answered:
             pos = [p for answered_pos, _ in answered for p in answered_pos]
             frame = pd.concat([f for _, f in answered], ignore_index=True)
@@ -233,20 +233,29 @@ def _write_defaulted(out: pd.DataFrame, positions: list[int], configs: list[RunC
 
 
 def _predict_chunk(
-    predictor: StepPredictorLike, chunk: list[RunConfig], pos: list[int], coverage: float, out: pd.DataFrame
+    predictor: StepPredictorLike,
+    chunk: list[RunConfig],
+    pos: list[int],
+    coverage: float,
+    out: pd.DataFrame,
+    *,
+    links: bool,
 ) -> list[tuple[list[int], pd.DataFrame]]:
     """Predict ``chunk`` as one batch; when the predictor refuses it, halve it until each
     refused config stands alone, writing its reason into ``out``. Returns the answered
-    (positions, rows) parts, in order."""
+    (positions, rows) parts, in order (with the ``link_<group>`` columns when ``links``)."""
     try:
-        return [(pos, _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk))]
+        frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk)
+        if links:
+            frame[list(LEVEL_COLUMNS)] = _link_columns(chunk, frame.index)
+        return [(pos, frame)]
     except PerfcastError as exc:
         if len(chunk) == 1:
             out.iat[pos[0], out.columns.get_loc(ERROR_COLUMN)] = str(exc)
             return []
     half = len(chunk) // 2
-    return _predict_chunk(predictor, chunk[:half], pos[:half], coverage, out) + _predict_chunk(
-        predictor, chunk[half:], pos[half:], coverage, out
+    return _predict_chunk(predictor, chunk[:half], pos[:half], coverage, out, links=links) + _predict_chunk(
+        predictor, chunk[half:], pos[half:], coverage, out, links=links
     )
 
 
@@ -274,7 +283,12 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     frame["tokens_per_s"] = tokens / step_s
     for name in MEMORY_PART_COLUMNS:
         frame[name] = memory[name].to_numpy()
-    levels: dict[tuple[int, int], list[str]] = {}
+    return frame
+
+
+def _link_columns(configs: list[RunConfig], index: pd.Index) -> pd.DataFrame:
+    """The ``link_<group>`` breakdown columns of ``configs``: the links each group's collectives cross."""
+    levels: dict[tuple[int, int, bool], list[str]] = {}
     rows = []
     for c in configs:
         key = (id(c.parallel), id(c.cluster), c.model.is_moe)
@@ -285,8 +299,7 @@ def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
             fabric = c.cluster.inter_node_fabric
             levels[key] = [fabric_level(*placement.get(g, (1, 1)), fabric) for g in COMM_GROUPS]
         rows.append(levels[key])
-    frame[list(LEVEL_COLUMNS)] = pd.DataFrame(rows, columns=list(LEVEL_COLUMNS), index=frame.index, dtype=object)
-    return frame
+    return pd.DataFrame(rows, columns=list(LEVEL_COLUMNS), index=index, dtype=object)
 
 
 def check_op_row(row: pd.Series) -> None:
