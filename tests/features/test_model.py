@@ -507,3 +507,10 @@ def test_num_params_positive_and_monotone_in_layers(fields: dict) -> None:
     assert deeper.flops_per_token() > spec.flops_per_token() > 0
     if not spec.is_moe:
         assert spec.num_active_params == spec.num_params
+
+
+def test_a_name_too_long_for_a_path_is_an_unknown_preset_not_an_os_error():
+    from perfcast.errors import UnknownEntryError
+
+    with pytest.raises(UnknownEntryError):
+        ModelSpec.load("x" * 5000)

@@ -70,3 +70,9 @@ def test_a_restricted_source_refuses_large_files_and_caches_by_content(tmp_path:
 def test_model_key_is_canonical() -> None:
     assert model_key({"b": 1, "a": 2}) == model_key({"a": 2, "b": 1})
     assert model_key(" llama2-7b ") == "llama2-7b"
+
+
+def test_a_name_too_long_for_a_path_is_an_unknown_preset_under_either_policy(tmp_path: Path) -> None:
+    for source in (ModelSource(), ModelSource.restricted_to([tmp_path])):
+        with pytest.raises(UnknownEntryError):
+            source.resolve("x" * 5000)

@@ -405,9 +405,13 @@ class ModelSpec(ModelCounts, BaseModel):
             UnknownEntryError: neither a path nor a preset id.
         """
         path = Path(ref)
-        if path.is_dir():
+        try:
+            is_dir, is_file = path.is_dir(), path.is_file()
+        except OSError:  # a name the file system refuses (too long ...) names no file
+            is_dir = is_file = False
+        if is_dir:
             return cls.from_hf_config(path)
-        if path.is_file():
+        if is_file:
             data = read_json(path)
             if looks_like_hf_config(data):
                 return cls.from_hf_config(path)

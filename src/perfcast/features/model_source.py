@@ -80,14 +80,14 @@ class ModelSource:
         for folder in self.allowed_dirs:
             try:
                 candidate = (folder / text).resolve()
-            except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+                if not candidate.is_relative_to(folder):
+                    continue
+                if candidate.is_dir():
+                    candidate = candidate / "config.json"
+                if candidate.is_file():
+                    return candidate
+            except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte, a name too long
                 continue
-            if not candidate.is_relative_to(folder):
-                continue
-            if candidate.is_dir():
-                candidate = candidate / "config.json"
-            if candidate.is_file():
-                return candidate
         return None
 
     def _read_allowed(self, text: str, path: Path) -> ModelSpec:
