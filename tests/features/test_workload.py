@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 
 from perfcast.errors import SpecError
-from perfcast.features import workload
+from perfcast.features import node_builder
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.ops import op_flops, op_memory_bytes
@@ -466,13 +466,13 @@ def test_column_wise_graph_equals_the_row_by_row_frame(name, monkeypatch):
     fields = dict(VARIED[name])
     model = fields.pop("model", GPT)
     seen: list[list[dict]] = []
-    columns = workload._Builder.columns
+    columns = node_builder.NodeBuilder.columns
 
     def spy(self):
         seen.append([dict(r) for r in self.rows])
         return columns(self)
 
-    monkeypatch.setattr(workload._Builder, "columns", spy)
+    monkeypatch.setattr(node_builder.NodeBuilder, "columns", spy)
     g = _graph(model, **fields)
     expected = _graph_row_by_row(seen[0])
     pd.testing.assert_frame_equal(g.nodes, expected, check_exact=True)
