@@ -1,4 +1,4 @@
-"""featurize_ops / FEATURE_SPEC / OpFeaturizer."""
+"""featurize_ops / FEATURE_SPEC."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from perfcast.features.op_features import (
     FEATURE_SPEC,
     FEATURE_SPEC_VERSION,
     META_COLUMNS,
-    OpFeaturizer,
     featurize_ops,
 )
 from perfcast.features.roofline import roofline_time_s
@@ -119,14 +118,6 @@ def test_pure_and_deterministic():
     b = featurize_ops(OPS.sample(frac=1.0, random_state=0)).loc[OPS.index]
     pd.testing.assert_frame_equal(OPS, before)
     pd.testing.assert_frame_equal(a, b)
-
-
-def test_featurizer_transformer(feats):
-    fz = OpFeaturizer()
-    assert fz.fit(OPS) is fz
-    pd.testing.assert_frame_equal(fz.transform(OPS), feats)
-    assert list(fz.get_feature_names_out()) == list(feats.columns)
-    assert OpFeaturizer().transform(OPS).shape == feats.shape
 
 
 def test_nullable_flags():

@@ -48,7 +48,6 @@ from types import MappingProxyType
 
 import numpy as np
 import pandas as pd
-from sklearn.base import BaseEstimator, TransformerMixin
 
 from perfcast.data.schema import DType, OpType
 from perfcast.errors import SpecError, UnknownEntryError
@@ -60,7 +59,6 @@ __all__ = [
     "FEATURE_SPEC",
     "FEATURE_SPEC_VERSION",
     "FeatureSpec",
-    "OpFeaturizer",
     "featurize_ops",
 ]
 
@@ -477,29 +475,3 @@ def _collective_features(feats, ops, kinds, sel) -> None:
     }
     for name, values in put.items():
         feats[name] = np.where(sel, values, feats[name])
-
-
-class OpFeaturizer(TransformerMixin, BaseEstimator):
-    """Stateless sklearn transformer: ``transform(ops) == featurize_ops(ops)``.
-
-    ``fit`` learns nothing (it only records ``n_features_in_``-free fitted state so that
-    ``check_is_fitted`` passes); it exists so the featurizer can sit in a Pipeline.
-    """
-
-    def fit(self, X: pd.DataFrame, y: object = None) -> OpFeaturizer:
-        """No-op; returns ``self``."""
-        self.feature_spec_version_ = FEATURE_SPEC_VERSION
-        return self
-
-    def transform(self, X: pd.DataFrame) -> pd.DataFrame:
-        """:func:`featurize_ops` of ``X``."""
-        return featurize_ops(X)
-
-    def get_feature_names_out(self, input_features: object = None) -> np.ndarray:
-        """The columns :meth:`transform` returns."""
-        return np.array([*META_COLUMNS, *FEATURE_SPEC.all_columns], dtype=object)
-
-    def __sklearn_tags__(self):  # noqa: D105
-        tags = super().__sklearn_tags__()
-        tags.requires_fit = False
-        return tags
