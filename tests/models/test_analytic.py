@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from perfcast.data.tables import read_table
 from perfcast.features.run_config import parse_run_row
-from perfcast.features.workload import build_workload_graph
+from perfcast.features.workload import Scope, build_workload_graph
 from perfcast.models.analytic import model_flops_per_step, predict_step
 from perfcast.serve.cli.predict_cmd import _example
 
@@ -65,7 +66,9 @@ def test_mfu_stays_below_one_at_long_sequences(seq_len):
     cfg = parse_run_row(row)
     assert 0 < predict_step(cfg).mfu <= 1
     graph = build_workload_graph(cfg.model, cfg.parallel, cfg.cluster)
-    assert model_flops_per_step(cfg) <= graph.total_flops() * cfg.cluster.num_gpus
+    n = graph.nodes  # FLOPs one GPU of the busiest stage executes in a step
+    runs = np.where(n["scope"] == Scope.STEP, 1, graph.num_microbatches) * n["scope"].map(graph.scope_multiplicity())
+    assert model_flops_per_step(cfg) <= (n["flops"] * n["repeat"] * runs).sum() * cfg.cluster.num_gpus
 
 
 def test_lora_counts_fewer_model_flops():

@@ -119,18 +119,3 @@ class WorkloadGraph:
             Scope.STAGE: 1,
             Scope.STEP: 1,
         }
-
-    def unique_ops(self) -> tuple[pd.DataFrame, np.ndarray]:
-        """Distinct ops (identical shapes predicted once) and each node's row in them."""
-        keys = self.nodes.loc[:, list(SHAPE_COLUMNS)].astype(str).agg("|".join, axis=1)
-        codes, uniques = pd.factorize(keys)
-        first = pd.Series(np.arange(len(codes))).groupby(codes).first().to_numpy()
-        ops = self.nodes.iloc[first].loc[:, list(SHAPE_COLUMNS) + ["flops", "mem_bytes"]]
-        return ops.reset_index(drop=True), codes
-
-    def total_flops(self) -> float:
-        """FLOPs executed by one GPU of the busiest stage in one step."""
-        mult = self.nodes["scope"].map(self.scope_multiplicity()).to_numpy(dtype=float)
-        per_mb = self.nodes["scope"].ne(Scope.STEP).to_numpy()
-        steps = np.where(per_mb, self.num_microbatches, 1.0)
-        return float((self.nodes["flops"] * self.nodes["repeat"] * mult * steps).sum())
