@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.analytic_step import analytic_step
 
 import perfcast.models
 from perfcast.errors import SpecError
@@ -14,8 +15,8 @@ from perfcast.features.ops import COLLECTIVE_OPS
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import parse_run_row
 from perfcast.features.schedule import compose_step
-from perfcast.features.workload import build_workload_graph
-from perfcast.models.analytic import AnalyticOpPredictor, predict_step
+from perfcast.features.workload import SHAPE_COLUMNS, build_workload_graph
+from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
 
 BASE = {"model": "gpt3-1.3b", "gpu": "a100-sxm4-80gb", "micro_batch": 2, "global_batch": 64, "dtype": "bf16"}
@@ -38,9 +39,11 @@ class SpyPredictor:
 
     def __init__(self):
         self.rows_seen = 0
+        self.asked: list[pd.DataFrame] = []
 
     def predict_ops(self, ops, coverage=0.9):
         self.rows_seen += len(ops)
+        self.asked.append(ops)
         pred, _, _ = AnalyticOpPredictor().predict_ops(ops, coverage=coverage)
         no_interval = (ops["op"] == "attention").to_numpy()
         lo = np.where(no_interval, np.nan, 0.8 * pred)
@@ -56,11 +59,11 @@ class DoubleCollectives:
         return pred, np.column_stack([pred, 1.5 * pred])
 
 
-def test_analytic_predictor_reproduces_predict_step():
+def test_analytic_predictor_reproduces_the_physics_composition():
     configs = _configs()
     steps = StepComposer(AnalyticOpPredictor()).compose_many(configs)
     for config, step in zip(configs, steps, strict=True):
-        expected = predict_step(config).breakdown
+        expected = analytic_step(config)
         assert step.step_ms == pytest.approx(expected.step_ms, rel=1e-12)
         assert step.breakdown.comm_ms == pytest.approx(expected.comm_ms, rel=1e-12)
         assert step.step_lo_ms == step.step_ms == step.step_hi_ms  # no interval from the analytic predictor
@@ -86,6 +89,8 @@ def test_each_distinct_op_is_predicted_once():
     assert spy_twice.rows_seen == once  # repeating every config adds no op rows
     compute_nodes = sum(int((s.graph.nodes["stream"] == "compute").sum()) for s in steps[: len(configs)])
     assert once < compute_nodes  # identical ops inside and across graphs were merged
+    asked = pd.concat(spy.asked)[[*SHAPE_COLUMNS, "gpu"]].astype(str)
+    assert not asked.duplicated().any()  # no op (shape, dtype, device) is asked twice
     separate = SpyPredictor()
     for config in configs:
         StepComposer(separate).compose(config)
@@ -159,7 +164,7 @@ def test_default_bundle_composes_with_an_interval():
         assert step.step_lo_ms <= step.step_ms <= step.step_hi_ms
         assert step.step_lo_ms < step.step_hi_ms  # the op model's GEMM intervals reach the step
         assert np.isfinite(step.node_ms).all() and (step.node_ms >= 0).all()
-        assert step.step_ms > 0.5 * predict_step(config).step_ms  # roofline is (nearly) a lower bound
+        assert step.step_ms > 0.5 * analytic_step(config).step_ms  # roofline is (nearly) a lower bound
 
 
 VARIED_ROWS = [

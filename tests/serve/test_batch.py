@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.analytic_step import analytic_step
 from typer.testing import CliRunner
 
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS, read_table
@@ -102,7 +103,7 @@ def test_progress_counts_every_row_and_coverage_is_checked():
 def test_analytic_step_predictor_matches_the_analytic_model():
     good = RUNS.iloc[[0, 2, 5]]
     out = predict_steps_table(good)
-    expected = [analytic.predict_step(parse_run_row(r.to_dict())).step_ms for _, r in good.iterrows()]
+    expected = [analytic_step(parse_run_row(r.to_dict())).step_ms for _, r in good.iterrows()]
     np.testing.assert_allclose(out["step_ms"], expected, rtol=1e-9)
 
 
@@ -287,13 +288,15 @@ def test_steps_table_equals_the_per_config_functions():
     assert out[ERROR_COLUMN].tolist()[:-1] == [""] * len(layouts) and "global_batch=7" in out[ERROR_COLUMN].iloc[-1]
     for i, (_, row) in enumerate(runs.iloc[:-1].iterrows()):
         config = parse_run_row(row.to_dict())
-        step = analytic.predict_step(config)
+        step_ms = analytic_step(config).step_ms
         memory = peak_memory(config.model, config.parallel, config.cluster)
-        assert out["step_ms"].iloc[i] == pytest.approx(step.step_ms, rel=1e-12)
+        peak_flops = config.cluster.gpu.peak_tflops(config.parallel.dtype) * 1e12 * config.cluster.num_gpus
+        assert out["step_ms"].iloc[i] == pytest.approx(step_ms, rel=1e-12)
         assert out["peak_mem_gib"].iloc[i] == pytest.approx(memory.total_gib, rel=1e-15)
         assert out["fits_memory"].iloc[i] == memory.fits(config.cluster.gpu.mem_gib)
-        assert out["mfu"].iloc[i] == pytest.approx(step.mfu, rel=1e-12)
-        assert out["tokens_per_s"].iloc[i] == pytest.approx(config.tokens_per_step / step.step_ms * 1e3, rel=1e-12)
+        mfu = analytic.model_flops_per_step(config) / (step_ms / 1e3 * peak_flops)
+        assert out["mfu"].iloc[i] == pytest.approx(mfu, rel=1e-12)
+        assert out["tokens_per_s"].iloc[i] == pytest.approx(config.tokens_per_step / step_ms * 1e3, rel=1e-12)
 
 
 # ------------------------------------------------------------------ hardening

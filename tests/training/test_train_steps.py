@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from fixtures.analytic_step import analytic_step
 from fixtures.shared import shared_file
 
-from perfcast.models.analytic import AnalyticOpPredictor, predict_step
+from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
     build_step_table,
@@ -64,7 +65,7 @@ def test_invalid_rows_are_reported_not_dropped_silently(table):
 
 
 def test_composed_columns_match_the_analytic_predictor(table):
-    expected = [predict_step(c).step_ms for c in table.configs]
+    expected = [analytic_step(c).step_ms for c in table.configs]
     np.testing.assert_allclose(table.runs["step_ms"], expected, rtol=1e-12)
     assert table.runs["group"].nunique() == 3  # one model on three cluster sizes
 
@@ -133,7 +134,7 @@ def test_real_vtrain_file_loads_parses_and_splits():
     sample = runs.groupby("num_gpus").head(20).reset_index(drop=True)
     table = build_step_table(sample, StepComposer(AnalyticOpPredictor()))
     assert table.errors.empty
-    expected = [predict_step(c).step_ms for c in table.configs]
+    expected = [analytic_step(c).step_ms for c in table.configs]
     np.testing.assert_allclose(table.runs["step_ms"], expected, rtol=1e-12)
     train, test = split_vtrain_small_to_large(runs.assign(num_gpus=runs["num_gpus"].astype(int)))
     assert (train.sum(), test.sum()) == (720, 720)

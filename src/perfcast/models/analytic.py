@@ -1,46 +1,26 @@
-"""The analytic predictor: roofline and alpha-beta op times composed through the schedule.
+"""The analytic predictor: roofline and alpha-beta op times, the baseline every learned model must beat.
 
 No learning: op times are physical lower bounds at datasheet peaks
-(:mod:`perfcast.features.roofline`), the step is their composition
-(:mod:`perfcast.features.schedule`). It is the baseline every learned model must beat,
-and the estimate the learned models correct. It gives no interval: its ``*_lo_ms`` and
-``*_hi_ms`` are NaN.
+(:mod:`perfcast.features.roofline`); :meth:`StepPredictor.analytic
+<perfcast.models.step_predictor.StepPredictor.analytic>` composes them into a step through
+the schedule (:mod:`perfcast.models.composer`). It is the estimate the learned models
+correct. It gives no interval: its ``*_lo_ms`` and ``*_hi_ms`` are NaN.
+:func:`model_flops_per_step` is the model-FLOP count every MFU figure divides by.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import HardwareSpec, collective_cluster
-from perfcast.features.memory import MemoryBreakdown, peak_memory
 from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
 from perfcast.features.roofline import MS_PER_S, op_time_ms, roofline_time_s
 from perfcast.features.run_config import RunConfig
-from perfcast.features.schedule import StepBreakdown, compose_step, host_ms_per_kernel
-from perfcast.features.workload import build_workload_graph
 
 NAME = "analytic"
-
-
-@dataclass(frozen=True)
-class StepPrediction:
-    """Predicted step of one config: time (ms), its breakdown, memory and derived rates."""
-
-    breakdown: StepBreakdown
-    memory: MemoryBreakdown
-    fits_memory: bool
-    mfu: float
-    tokens_per_s: float
-
-    @property
-    def step_ms(self) -> float:
-        """Predicted time of one training step (one global batch), ms."""
-        return self.breakdown.step_ms
 
 
 def model_flops_per_step(config: RunConfig) -> float:
@@ -57,32 +37,6 @@ def model_flops_per_step(config: RunConfig) -> float:
     if config.parallel.finetune is Finetune.LORA:
         per_token -= 2.0 * config.model.num_matmul_params
     return per_token * config.tokens_per_step
-
-
-def predict_step(config: RunConfig, *, overlap_grad_reduce: bool = False) -> StepPrediction:
-    """Analytic step prediction of one checked config (its ``overlap_param_gather`` and
-    ``cuda_graphs`` switches honoured; the gradient-sync overlap as ``overlap_grad_reduce`` says)."""
-    graph = build_workload_graph(config.model, config.parallel, config.cluster)
-    times = op_time_ms(graph.nodes, config.cluster)
-    p = config.parallel
-    breakdown = compose_step(
-        graph,
-        times,
-        overlap_grad_reduce=overlap_grad_reduce,
-        overlap_param_gather=p.overlap_param_gather,
-        host_ms_per_kernel=host_ms_per_kernel(p),
-    )
-    memory = peak_memory(config.model, config.parallel, config.cluster)
-    step_s = breakdown.step_ms / 1e3
-    peak = config.cluster.gpu.peak_tflops(config.parallel.dtype) * 1e12
-    mfu = model_flops_per_step(config) / (step_s * config.cluster.num_gpus * peak)
-    return StepPrediction(
-        breakdown=breakdown,
-        memory=memory,
-        fits_memory=memory.fits(config.cluster.gpu.mem_gib),
-        mfu=mfu,
-        tokens_per_s=config.tokens_per_step / step_s,
-    )
 
 
 class AnalyticOpPredictor:
