@@ -18,7 +18,6 @@ from perfcast.models.calibration import (
     MIN_OPS_FOR_TREES,
     CalibratedPredictor,
     GpuCorrection,
-    conformal_bounds,
     fit_correction,
     load_corrections,
     predictor_identity,
@@ -160,14 +159,6 @@ def test_correct_scales_the_median_and_uses_the_measured_spread() -> None:
     assert (lo <= pred).all() and (hi >= pred).all() and (hi < 3.0).all()  # the GPU's own spread, narrower
     vec = pd.DataFrame({"op": ["add"], "rows": [4], "cols": [4], "gpu": "t4"})
     assert corr.correct(vec, np.ones(1), np.full(1, 0.5), np.full(1, 3.0))[2][0] == 3.0  # no vector correction
-
-
-def test_conformal_bounds_use_finite_sample_ranks() -> None:
-    r = np.random.default_rng(0).permutation(np.arange(1.0, 21.0))  # 20 residuals 1..20
-    assert conformal_bounds(r, 0.9) == (1.0, 20.0)  # too few for the 95% tails: the extremes
-    big = np.arange(1.0, 201.0)
-    assert conformal_bounds(big, 0.9) == (10.0, 191.0)  # ranks floor(201*0.05), ceil(201*0.95)
-    assert conformal_bounds(big, 0.5) == (50.0, 151.0)
 
 
 class _Other(_Flat):

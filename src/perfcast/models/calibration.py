@@ -28,7 +28,8 @@ estimate both, per op class:
 * with at least ``MIN_OPS_FOR_SPREAD`` ops of a class, the interval becomes the empirical
   spread of the leave-one-out residuals of that correction on that GPU (with trees,
   5-fold cross-fitted residuals of the whole correction: a within-GPU interval, since the
-  GPU is no longer unseen), read at split-conformal ranks (:func:`conformal_bounds`),
+  GPU is no longer unseen), read at split-conformal ranks
+  (:func:`~perfcast.models.intervals.conformal_bounds`),
   otherwise the model's own interval is scaled along.
 
 Before fitting, the measurements are screened
@@ -107,12 +108,12 @@ from perfcast.models.correction_store import (
     summarize_reasons,
     write_json_atomic,
 )
+from perfcast.models.intervals import conformal_bounds, log_interval, straddle_zero
 
 __all__ = [
     "CALIBRATION_COLUMN",
     "CalibratedPredictor",
     "GpuCorrection",
-    "conformal_bounds",
     "fit_correction",
     "load_corrections",
     "predictor_identity",
@@ -242,27 +243,12 @@ class GpuCorrection:
                 continue
             pred[m] *= factor[m]
             if cls in self.spread:
-                q_lo, q_hi = conformal_bounds(np.asarray(self.spread[cls]), coverage)
-                lo[m], hi[m] = pred[m] * np.exp(min(q_lo, 0.0)), pred[m] * np.exp(max(q_hi, 0.0))
+                q_lo, q_hi = straddle_zero(*conformal_bounds(np.asarray(self.spread[cls]), coverage))
+                lo[m], hi[m] = log_interval(pred[m], q_lo, q_hi).T
             else:
                 lo[m] *= factor[m]
                 hi[m] *= factor[m]
         return pred, lo, hi
-
-
-def conformal_bounds(residuals: np.ndarray, coverage: float) -> tuple[float, float]:
-    """Split-conformal ``(lo, hi)`` of ``n`` held-out log residuals for a central ``coverage`` interval.
-
-    Each tail gets ``(1 - coverage) / 2``: ``hi`` is the ``ceil((n + 1)(1 + c) / 2)``-th smallest
-    residual and ``lo`` the ``floor((n + 1)(1 - c) / 2)``-th (the extremes when ``n`` is too
-    small for the level), the finite-sample rank that keeps the coverage of a new op of the
-    same GPU at ``coverage`` or above; plain quantiles of 20 residuals under-cover.
-    """
-    r = np.sort(np.asarray(residuals, dtype=float))
-    n = len(r)
-    k_hi = min(int(np.ceil((n + 1) * (1 + coverage) / 2)), n)
-    k_lo = max(int(np.floor((n + 1) * (1 - coverage) / 2)), 1)
-    return float(r[k_lo - 1]), float(r[k_hi - 1])
 
 
 def fit_correction(

@@ -59,6 +59,13 @@ from sklearn.utils.validation import check_is_fitted
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.collective_features import COLLECTIVE_FEATURES_VERSION, featurize_collectives
+from perfcast.models.intervals import (
+    central_levels,
+    check_coverage,
+    interpolated_weighted_quantiles,
+    log_interval,
+    straddle_zero,
+)
 
 __all__ = ["PHYSICS_GROUPS", "RESIDUAL_FEATURES", "CollectiveTimeRegressor", "table_groups"]
 
@@ -177,13 +184,6 @@ def _domain(F: pd.DataFrame) -> dict[str, Any]:
     return {"collectives": collectives, "link_groups": sorted(groups)}
 
 
-def _weighted_quantiles(values: np.ndarray, weights: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    order = np.argsort(values)
-    v, w = values[order], weights[order]
-    cdf = (np.cumsum(w) - 0.5 * w) / w.sum()
-    return np.interp(levels, cdf, v)
-
-
 class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
     """Collective op time (ms): alpha-beta per link kind, times a learned XGBoost residual.
 
@@ -272,17 +272,17 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
 
         self._fit_core(F, y_arr, sw, groups)
         self.domain_ = _domain(F)
-        self.alpha_beta_quantiles_ = _weighted_quantiles(
+        self.alpha_beta_quantiles_ = interpolated_weighted_quantiles(
             np.log(y_arr) - np.log(F["alpha_beta_ms"].to_numpy(dtype=float)), self._table_weights(groups, sw), _LEVELS
         )
         if self.calibrate:
             resid, weight, how = self._held_out_residuals(F, y_arr, sw, groups, gpus, rng)
             self.calibration_ = how
-            self.residual_quantiles_ = _weighted_quantiles(resid, weight, _LEVELS)
+            self.residual_quantiles_ = interpolated_weighted_quantiles(resid, weight, _LEVELS)
         else:
             self.calibration_ = "none (in-sample residuals)"
             resid = np.log(y_arr) - self._predict_log(F)
-            self.residual_quantiles_ = _weighted_quantiles(resid, self._table_weights(groups, sw), _LEVELS)
+            self.residual_quantiles_ = interpolated_weighted_quantiles(resid, self._table_weights(groups, sw), _LEVELS)
         self.groups_seen_ = sorted(set(groups))
         self.feature_spec_version_ = COLLECTIVE_FEATURES_VERSION
         self.n_features_in_ = len(RESIDUAL_FEATURES)
@@ -460,15 +460,12 @@ class CollectiveTimeRegressor(BaseEstimator, RegressorMixin):
     def predict_with_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`predict` and :meth:`predict_interval` together: ``(pred, (n, 2))``, ms."""
         check_is_fitted(self, "booster_")
-        if not 0 < coverage < 1:
-            raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
+        check_coverage(coverage)
         pred, ood = self._predict_routed(featurize_collectives(X))
-        levels = [(1 - coverage) / 2, (1 + coverage) / 2]
-        q_in = np.interp(levels, _LEVELS, self.residual_quantiles_)
-        q_out = np.interp(levels, _LEVELS, self.alpha_beta_quantiles_)
-        lo = np.where(ood, min(q_out[0], 0.0), min(q_in[0], 0.0))
-        hi = np.where(ood, max(q_out[1], 0.0), max(q_in[1], 0.0))
-        return pred, np.column_stack([pred * np.exp(lo), pred * np.exp(hi)])
+        levels = central_levels(coverage)
+        in_lo, in_hi = straddle_zero(*np.interp(levels, _LEVELS, self.residual_quantiles_))
+        out_lo, out_hi = straddle_zero(*np.interp(levels, _LEVELS, self.alpha_beta_quantiles_))
+        return pred, log_interval(pred, np.where(ood, out_lo, in_lo), np.where(ood, out_hi, in_hi))
 
     @property
     def efficiency_(self) -> dict[str, float]:

@@ -28,6 +28,7 @@ from torch_geometric.nn import global_add_pool, global_max_pool, global_mean_poo
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.models.gnn_layers import DirectedGraphConv
+from perfcast.models.intervals import check_coverage, conformal_quantile
 from perfcast.models.step_graphs import (
     DTYPES,
     FLAG_COLUMNS,
@@ -406,17 +407,11 @@ class StepGNNRegressor(RegressorMixin, BaseEstimator):
         With ``n`` calibration errors the conformal level is ``ceil((n + 1) * coverage) / n``,
         capped at the largest error when that exceeds 1.
         """
-        if not 0 < coverage < 1:
-            raise SpecError(f"coverage={coverage} must be in (0, 1)")
+        check_coverage(coverage)
         composed, mean, spread = self._predict_log(X)
-        q = self._conformal_quantile(coverage)
+        q = conformal_quantile(self.conformal_scores_, coverage)
         half = q * (spread + self.scale_floor_)
         return np.column_stack([_to_ms(composed, mean - half), _to_ms(composed, mean + half)])
-
-    def _conformal_quantile(self, coverage: float) -> float:
-        scores = self.conformal_scores_
-        level = min(1.0, math.ceil((len(scores) + 1) * coverage) / len(scores))
-        return float(np.quantile(scores, level, method="higher"))
 
     # ------------------------------------------------------------------------ persistence
 
