@@ -22,14 +22,9 @@ from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION, featurize_ops
-from perfcast.models.op_model import (
-    DEFAULT_LAUNCH_MS,
-    POOLED,
-    OpTimeRegressor,
-    _random_effect_abs_quantile,
-    _split_gpu_shifts,
-    weighted_quantile,
-)
+from perfcast.models.op_base import DEFAULT_LAUNCH_MS, POOLED
+from perfcast.models.op_bounds import EFFICIENCY_MARGIN
+from perfcast.models.op_model import OpTimeRegressor
 
 GPU_EFF = {"a100-pcie-40gb": 0.70, "v100-pcie-32gb": 0.64, "t4": 0.60, "p100-pcie-16gb": 0.58}
 TRUE_LAUNCH_MS = 0.012
@@ -277,41 +272,11 @@ def test_launch_measured_from_tiny_ops():
     assert model.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
 
 
-def test_weighted_quantile():
-    values = np.array([3.0, 1.0, 2.0, 10.0])
-    assert weighted_quantile(values, np.ones(4), 0.5) == 2.0
-    assert weighted_quantile(values, np.array([1.0, 1.0, 1.0, 97.0]), 0.5) == 10.0
-    assert weighted_quantile(values, np.ones(4), 1.0) == 10.0
-
-
 def test_predict_with_interval_matches_the_two_calls(fitted, data):
     X, _ = data
     pred, interval = fitted.predict_with_interval(X, coverage=0.8)
     np.testing.assert_array_equal(pred, fitted.predict(X))
     np.testing.assert_array_equal(interval, fitted.predict_interval(X, coverage=0.8))
-
-
-def test_gpu_shifts_split_off_each_gpus_median():
-    gpus = np.array(["a"] * 3 + ["b"] * 3)
-    res = np.array([0.1, 0.2, 0.3, -1.0, -0.9, -0.8])
-    centred, shifts = _split_gpu_shifts(res, np.ones(6), gpus)
-    np.testing.assert_allclose(shifts, [0.2, -0.9])
-    np.testing.assert_allclose(centred, [-0.1, 0.0, 0.1, -0.1, 0.0, 0.1], atol=1e-12)
-
-
-def test_random_effect_interval_is_a_symmetric_t_predictive_and_widens_with_gpu_disagreement():
-    from scipy import stats
-
-    shifts = np.array([-0.2, 0.0, 0.1, 0.3])
-    q = _random_effect_abs_quantile(shifts, np.zeros(1), np.ones(1), 0.9)
-    scale = shifts.std(ddof=1) * np.sqrt(1 + 1 / 4)
-    t3 = stats.t(3, loc=shifts.mean(), scale=scale)
-    assert t3.cdf(q) - t3.cdf(-q) == pytest.approx(0.9, abs=1e-5)
-    spread = np.linspace(-0.1, 0.1, 101)
-    narrow = _random_effect_abs_quantile(shifts / 4, spread, np.ones(101), 0.9)
-    wide = _random_effect_abs_quantile(shifts, spread, np.ones(101), 0.9)
-    assert 0 < narrow < wide
-    assert _random_effect_abs_quantile(shifts, spread, np.ones(101), 0.5) < wide
 
 
 def test_gpu_level_interval_is_symmetric_in_log_time(fitted, data):
@@ -355,8 +320,6 @@ def test_residual_quantiles_are_cached_per_class_and_coverage(data):
 
 
 def test_efficiency_ceilings_are_the_best_measured_plus_margin_capped_at_one(fitted, data):
-    from perfcast.models.op_model import EFFICIENCY_MARGIN
-
     ops, t = data
     feats = featurize_ops(ops)
     eff = feats["roofline_ms"].to_numpy() / t
