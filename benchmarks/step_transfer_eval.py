@@ -24,7 +24,9 @@ Splits (train -> test; each test group scored on its own):
 
 Predictors:
 
-* ``gbdt``: the step GBDT as shipped (composed step times its learned correction);
+* ``gbdt``: the step GBDT as shipped (composed step times its physical factors,
+  :mod:`perfcast.models.component_factors`, times its learned correction);
+* ``factors``: the composed step times the physical factors alone (``correction_scale=0``);
 * ``gbdt+bound``: the same, median and interval raised to the MFU-ceiling floor
   (:mod:`perfcast.models.physics_bounds`; ceiling = best measured MFU of the split's training
   runs per GPU generation and dtype, +10%);
@@ -32,9 +34,10 @@ Predictors:
   the scale that leave-one-source-out picks among 0, 0.25, 0.5, 0.75, 1), bounded;
 * ``composed``: the composed step alone (op predictions through the schedule; its interval
   from the op intervals);
-* ``mfu_fit``: a constant MFU fitted on the training rows, the median of their measured MFU,
+* ``mfu_fit``: a constant MFU fitted on the training rows, the median of their measured MFU
+  with each source weighed equally (as a user who reads several published tables would),
   ``step = F / (mfu * N * peak)``; interval from the 5th and 95th percentiles of the training
-  MFU;
+  MFU, weighed the same way;
 * ``mfu_40``: the user's rule of thumb, MFU = 0.40, no interval.
 
 MFU and model FLOPs ``F`` are perfcast's (:func:`perfcast.models.analytic.model_flops_per_step`:
@@ -104,6 +107,14 @@ def splits(table: StepTable) -> Iterator[Split]:
     yield "scale", small, {f">{MAX_TRAIN_GPUS} GPUs: {s}": ~small & (source == s) for s in sorted(set(source[~small]))}
 
 
+def _weighted_quantiles(values: np.ndarray, groups: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
+    """Quantiles of ``values`` with each group's rows weighing 1 in all (the inverted weighted CDF)."""
+    _, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
+    order = np.argsort(values, kind="stable")
+    cdf = np.cumsum((1.0 / counts[inverse])[order])
+    return values[order][np.searchsorted(cdf, np.asarray(levels) * cdf[-1]).clip(0, len(values) - 1)]
+
+
 def _take(values: np.ndarray | None, mask: np.ndarray) -> np.ndarray | None:
     return None if values is None else values[mask]
 
@@ -125,8 +136,10 @@ def predictors(
     def composed(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return tuple(runs[c].to_numpy(dtype=float)[test] for c in ("step_ms", "step_lo_ms", "step_hi_ms"))  # type: ignore[return-value]
 
+    source = runs["source"].to_numpy()
+
     def mfu_fit(train: np.ndarray, test: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        m, q05, q95 = np.median(mfu[train]), np.quantile(mfu[train], 0.05), np.quantile(mfu[train], 0.95)
+        m, q05, q95 = _weighted_quantiles(mfu[train], source[train], (0.5, 0.05, 0.95))
         base = flops[test] / peak[test] * 1e3
         return base / m, base / q95, base / q05
 
@@ -289,9 +302,9 @@ def main() -> None:
     bundle = load_op_predictor(args.op_model)
     table = build_step_table(runs, StepComposer(bundle, bundle.collective_model))
     log(f"composed {len(table.runs)} of {len(runs)} runs ({len(table.errors)} not valid configs)")
-    variants = {"gbdt": {}, "gbdt(scale=0.5)": {"correction_scale": 0.5}}
+    variants = {"gbdt": {}, "gbdt(scale=0.5)": {"correction_scale": 0.5}, "factors": {"correction_scale": 0.0}}
     result = evaluate(table, variants, log)
-    shown = ["gbdt", "gbdt+bound", "gbdt(scale=0.5)+bound", "composed", "mfu_fit", "mfu_40"]
+    shown = ["gbdt", "gbdt+bound", "gbdt(scale=0.5)+bound", "factors+bound", "composed", "mfu_fit", "mfu_40"]
     grid = ["gbdt+bound", *(f"gbdt+bound x{g:g}" for g in SHRINK_GRID)]
     groups = result[(result["cell"] == "") & result["predictor"].isin(grid)]
     selection = groups.pivot_table(index="predictor", columns="split", values="mape", aggfunc="mean").reindex(grid)

@@ -37,7 +37,7 @@ def test_one_f_one_b_bubble_for_equal_stages(pp, vpp):
     m = g.num_microbatches
     assert step.bubble_ms == pytest.approx((pp - 1) / vpp * stage, rel=1e-12)
     assert step.step_ms == pytest.approx(m * stage + (pp - 1) / vpp * stage, rel=1e-12)
-    assert step.compute_ms == pytest.approx(m * stage, rel=1e-12)
+    assert step.compute_ms + step.attention_ms == pytest.approx(m * stage, rel=1e-12)
 
 
 def test_unequal_stages_take_the_slowest_plus_the_rest_over_v():
@@ -113,11 +113,12 @@ def test_breakdown_parts_sum_to_step(name, overlap):
         model = GPT.model_copy(update={"num_experts": 4, "top_k": 2})
     g, cluster = _setup(model, **CONFIGS[name])
     step = compose_step(g, op_time_ms(g.nodes, cluster), overlap_grad_reduce=overlap)
-    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    parts = sum(step.as_row().values())  # compute, attention, exposed comm, bubble, sync, optimizer
     assert parts == pytest.approx(step.step_ms, rel=1e-9)
     assert step.step_ms > 0 and step.optimizer_ms > 0 and step.compute_ms > 0
     row = step.as_row()
-    assert {"compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms"} <= set(row)
+    assert {"compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms"} <= set(row)
+    assert 0 < step.attention_ms < step.compute_ms
     assert all(row[f"comm_{k}_ms"] == v for k, v in step.comm_ms.items())
 
 
@@ -133,6 +134,7 @@ def test_breakdown_defaults():
     b = StepBreakdown(step_ms=3.0, compute_ms=1.0, bubble_ms=1.0, dp_sync_ms=0.5, optimizer_ms=0.5)
     assert b.comm_ms == {} and b.as_row() == {
         "compute_ms": 1.0,
+        "attention_ms": 0.0,
         "bubble_ms": 1.0,
         "dp_sync_ms": 0.5,
         "optimizer_ms": 0.5,
@@ -153,7 +155,8 @@ def test_host_floor_binds_only_when_kernels_are_shorter_than_their_dispatch():
     per_mb = _kernels_per_microbatch(g) * 0.05
     step_nodes = (g.nodes["scope"] == "step").to_numpy()
     assert floor.step_ms == pytest.approx(m * per_mb + tiny[step_nodes].sum(), rel=1e-9)
-    assert floor.host_stall_ms == pytest.approx(m * per_mb - compose_step(g, tiny, host_ms_per_kernel=0).compute_ms)
+    free = compose_step(g, tiny, host_ms_per_kernel=0)
+    assert floor.host_stall_ms == pytest.approx(m * per_mb - free.compute_ms - free.attention_ms)
     slow = np.full(len(g.nodes), 1.0)
     assert compose_step(g, slow, host_ms_per_kernel=0.05).step_ms == compose_step(g, slow, host_ms_per_kernel=0).step_ms
 
@@ -181,7 +184,7 @@ def test_interleaved_transfers_hide_in_steady_state_and_add_fill_and_drain(vpp):
     assert step.comm_ms["pp"] == 0.0
     assert step.bubble_ms == pytest.approx(base.bubble_ms + (4 - 1) * (0.5 + 0.5))
     assert step.step_ms == pytest.approx(base.step_ms + 3 * 1.0)
-    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    parts = sum(step.as_row().values())  # compute, attention, exposed comm, bubble, sync, optimizer
     assert parts == pytest.approx(step.step_ms)
 
 
@@ -295,7 +298,7 @@ def test_uneven_stages_are_timed_by_their_own_layers(layers, fields, ranks):
     pipeline = m * stages.max() + stages.sum() - stages.max()
     assert step.step_ms == pytest.approx(pipeline + times[step_nodes].sum(), rel=1e-12)
     assert step.bubble_ms == pytest.approx(stages.sum() - stages.max(), rel=1e-12)
-    parts = step.compute_ms + sum(step.comm_ms.values()) + step.bubble_ms + step.dp_sync_ms + step.optimizer_ms
+    parts = sum(step.as_row().values())  # compute, attention, exposed comm, bubble, sync, optimizer
     assert parts == pytest.approx(step.step_ms, rel=1e-12)
 
 

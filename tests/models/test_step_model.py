@@ -163,8 +163,9 @@ def test_no_correction_off_the_training_range_returns_the_composed_step(two_doma
     X, y, groups, domain, inside, outside = two_domains
     scaled = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
     none = StepTimeRegressor(ood_correction="none", **SMALL).fit(X, y, groups=groups, domain_groups=domain)
-    np.testing.assert_allclose(none.predict(outside), np.exp(outside["log_composed_step_ms"]))
-    assert not np.allclose(scaled.predict(outside), np.exp(outside["log_composed_step_ms"]))
+    physics = np.exp(outside["log_composed_step_ms"] + none.factors_.log_scale(outside))  # the factored composed step
+    np.testing.assert_allclose(none.predict(outside), physics)
+    assert not np.allclose(scaled.predict(outside), physics)
     np.testing.assert_array_equal(none.predict(inside), scaled.predict(inside))
 
 
@@ -235,7 +236,9 @@ def test_mfu_ceiling_saved_and_correction_scale(tmp_path):
     assert loaded.mfu_ceiling_.best_ == ceiling.best_ and loaded.correction_scale == 0.5
     full = StepTimeRegressor(n_estimators=20).fit(X, y)
     composed = np.exp(X["log_composed_step_ms"].to_numpy())
-    half, whole = np.log(model.predict(X) / composed), np.log(full.predict(X) / composed)
+    factored = composed * np.exp(model.factors_.log_scale(X))  # the scale shrinks the booster's part only
+    np.testing.assert_allclose(factored, composed * np.exp(full.factors_.log_scale(X)))
+    half, whole = np.log(model.predict(X) / factored), np.log(full.predict(X) / factored)
     np.testing.assert_allclose(half, 0.5 * whole, rtol=1e-5, atol=1e-9)
     legacy = StepTimeRegressor._load_from(tmp_path, {**full._save_to(tmp_path), "mfu_ceiling": None})
     assert legacy.mfu_ceiling_ is None

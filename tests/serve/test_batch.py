@@ -86,7 +86,7 @@ def test_breakdown_columns_sum_to_step():
     good = out[out[ERROR_COLUMN] == ""]
     comm = [c for c in out.columns if c.startswith("comm_")]
     assert "comm_tp_ms" in comm
-    parts = good[["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
+    parts = good[["compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
     np.testing.assert_allclose(parts, good["step_ms"], rtol=1e-9)
     mem = good[["weights_gib", "grads_gib", "optimizer_gib", "activations_gib"]].sum(axis=1)
     np.testing.assert_allclose(mem, good["peak_mem_gib"], rtol=1e-9)
@@ -116,7 +116,7 @@ def test_learned_step_predictor_gives_an_interval_and_learned_breakdown():
     assert (good["step_lo_ms"] <= good["step_ms"]).all() and (good["step_ms"] <= good["step_hi_ms"]).all()
     assert (good["step_hi_ms"] > good["step_lo_ms"]).any()
     comm = [c for c in out.columns if c.startswith("comm_")]
-    parts = good[["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
+    parts = good[["compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].fillna(0).sum(axis=1)
     np.testing.assert_allclose(parts, good["step_ms"], rtol=1e-9)
 
 

@@ -30,7 +30,7 @@ def test_chunks_give_the_batch_answers_in_order(tmp_path: Path) -> None:
     assert list(got.columns[-len(BREAKDOWN_COLUMNS) - 1 : -1]) == list(BREAKDOWN_COLUMNS)
     valid = got["error"].fillna("") == ""
     comm = [c for c in BREAKDOWN_COLUMNS if c.startswith("comm_")]
-    parts = got.loc[valid, ["compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].sum(axis=1)
+    parts = got.loc[valid, ["compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", *comm]].sum(axis=1)
     np.testing.assert_allclose(parts, got.loc[valid, "step_ms"], rtol=1e-9)
 
 

@@ -2,14 +2,14 @@
 
 :func:`featurize_runs` turns checked configs and their composed step (a plain frame, as
 :func:`perfcast.models.composer.composed_frame` writes it: ``step_ms`` plus the breakdown
-``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms, comm_<group>_ms``) into one row of
+``compute_ms, attention_ms, bubble_ms, dp_sync_ms, optimizer_ms, comm_<group>_ms``) into one row of
 numbers per run. The columns and their order are fixed by :data:`RUN_FEATURE_SPEC`;
 models select columns by name. Sizes enter as log2, times as natural log of ms, and the
 breakdown as fractions of the composed step, so a learned correction transfers across
 model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/tp,
 FFN/tp) tell launch-bound small GEMMs from compute-bound ones. A measured run may carry
-the MLPerf round of its software (:data:`RELEASE_COLUMN`): the same H100 GPT-3 step ran
-1.28x the composed time on v3.0 software and 1.02x on v4.1. The software columns
+the MLPerf round of its software (:data:`RELEASE_COLUMN`), since the same step runs faster
+on newer software. The software columns
 (:data:`_SOFTWARE`) state what the training stack overlaps, not its name, so a framework
 no training run used still maps onto behaviour the model has seen.
 """
@@ -39,8 +39,8 @@ __all__ = [
     "software_release",
 ]
 
-RUN_FEATURE_SPEC_VERSION = 5  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
-# 5: software switches (what the stack overlaps)
+RUN_FEATURE_SPEC_VERSION = 6  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
+# 5: software switches (what the stack overlaps); 6: frac_attention
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -102,6 +102,7 @@ _GEMM = ("log2_tokens_per_microbatch", "log2_hidden_per_tp", "log2_ffn_per_tp", 
 _COMPOSED = (
     "log_composed_step_ms",
     "frac_compute",
+    "frac_attention",
     *(f"frac_comm_{g}" for g in COMM_GROUPS),
     "frac_bubble",
     "frac_dp_sync",
@@ -225,7 +226,8 @@ def featurize_runs(
         configs: checked configs.
         composed: one row per config, aligned by position: ``step_ms`` (composed step, ms,
             > 0) and the breakdown columns ``compute_ms, bubble_ms, dp_sync_ms,
-            optimizer_ms`` and optionally ``comm_<group>_ms`` (absent groups count 0).
+            optimizer_ms`` and optionally ``attention_ms`` and ``comm_<group>_ms``
+            (absent ones count 0).
         releases: optional MLPerf round per config (``"v4.1"``), the software stack of a
             measured run (:func:`software_release`); ``None`` or a missing entry leaves
             :data:`RELEASE_COLUMN` NaN, as for every query.
@@ -253,10 +255,9 @@ def featurize_runs(
     feats.index = composed.index
     feats[COMPOSED_STEP_COLUMN] = np.log(step)
     feats["frac_compute"] = composed["compute_ms"].to_numpy(dtype=float) / step
-    for g in COMM_GROUPS:
-        col = f"comm_{g}_ms"
+    for col, name in (("attention_ms", "frac_attention"), *((f"comm_{g}_ms", f"frac_comm_{g}") for g in COMM_GROUPS)):
         part = composed[col].fillna(0.0).to_numpy(dtype=float) if col in composed else np.zeros(len(step))
-        feats[f"frac_comm_{g}"] = part / step
+        feats[name] = part / step
     for name in ("bubble", "dp_sync", "optimizer"):
         feats[f"frac_{name}"] = composed[f"{name}_ms"].to_numpy(dtype=float) / step
     feats[RELEASE_COLUMN] = np.nan if releases is None else [software_release(r) for r in releases]

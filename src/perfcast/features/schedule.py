@@ -104,6 +104,9 @@ from perfcast.features.workload import (
 )
 
 COMPUTE = "compute"
+ATTENTION_CORE = "attn.core"
+"""Name prefix of the attention-core nodes (fused or not, full or windowed), whose time
+the breakdown reports apart as ``attention_ms``."""
 
 HOST_MS_PER_KERNEL = 0.075
 """Host time to issue one graph node's kernel in an eager training framework, ms (see the module docstring)."""
@@ -131,8 +134,10 @@ def param_gather_exposed_ms(gather_ms: np.ndarray, forward_ms: np.ndarray, layer
 class StepBreakdown:
     """Where one training step's time goes, ms, on the busiest pipeline stage.
 
-    ``step_ms = compute_ms + sum(comm_ms.values()) + bubble_ms + dp_sync_ms + optimizer_ms``.
-    ``comm_ms`` maps process groups (tp, cp, ep, pp, dp under ZeRO-3) to exposed time.
+    ``step_ms = compute_ms + attention_ms + sum(comm_ms.values()) + bubble_ms + dp_sync_ms + optimizer_ms``.
+    ``attention_ms`` is the attention cores' kernel time (:data:`ATTENTION_CORE`) on the
+    busiest stage and ``compute_ms`` the rest of its compute stream. ``comm_ms`` maps
+    process groups (tp, cp, ep, pp, dp under ZeRO-3) to exposed time.
     ``host_stall_ms`` is the part of ``compute_ms`` the compute stream waits for the host to
     issue kernels (the dispatch floor); it is not added again, and not a column of
     :meth:`as_row`, whose columns sum to ``step_ms``.
@@ -145,11 +150,13 @@ class StepBreakdown:
     optimizer_ms: float
     comm_ms: dict[str, float] = field(default_factory=dict)
     host_stall_ms: float = 0.0
+    attention_ms: float = 0.0
 
     def as_row(self) -> dict[str, float]:
         """Flat columns for a breakdown table (``comm_<group>_ms`` per group)."""
         row = {
             "compute_ms": self.compute_ms,
+            "attention_ms": self.attention_ms,
             "bubble_ms": self.bubble_ms,
             "dp_sync_ms": self.dp_sync_ms,
             "optimizer_ms": self.optimizer_ms,
@@ -232,6 +239,7 @@ class _Plan:
         self.overlap_p2p = graph.vpp > 1 and graph.pp > 1
         self.on_stage = self.body & ~self.pp_xfer if self.overlap_p2p else self.body
         self.comm = graph.column("stream") != COMPUTE
+        self.attention = _attention_nodes(graph.column("name"), self.comm)
         self.groups = groups
         step = scope == Scope.STEP
         is_optimizer = graph.column("op") == "optimizer"
@@ -271,6 +279,7 @@ class _Plan:
                 optimizer_ms=float(parts["optimizer_ms"][0]),
                 comm_ms={group: ms for group, ms in comm.items() if not np.isnan(ms)},
                 host_stall_ms=graph.num_microbatches * float(stages["stall_ms"][0]),
+                attention_ms=float(parts["attention_ms"][0]),
             )
 
         body, first, last, pp_xfer, overlap_p2p = self.body, self.first, self.last, self.pp_xfer, self.overlap_p2p
@@ -304,7 +313,8 @@ class _Plan:
             comm_ms[group] = m * total(timed_comm & (self.groups == group))
         if overlap_p2p:
             comm_ms[Group.PP] = m * float(exposed_xfer[slowest])
-        compute_ms = m * float(stages[slowest]) - sum(comm_ms.values())  # op times plus the host stall
+        attention_ms = m * total(self.on_stage & self.attention)  # attention cores sit in the layers
+        compute_ms = m * float(stages[slowest]) - sum(comm_ms.values()) - attention_ms  # plus the host stall
 
         dp_sync = total(self.dp_sync)
         if self.overlap_grad_reduce:
@@ -324,6 +334,7 @@ class _Plan:
             optimizer_ms=optimizer,
             comm_ms=comm_ms,
             host_stall_ms=m * float(stages[slowest] - gpu[slowest]),
+            attention_ms=attention_ms,
         )
 
 
@@ -418,6 +429,7 @@ class BodyPlan:
         self.on_stage = body & ~hidden_p2p
         self.xfer = body & hidden_p2p
         comm = cat("comm").astype(bool)
+        self.attention = cat("attention").astype(bool)
         codes = [np.array([code.get(g, -1) for g in t.arrays["group"]], dtype=np.int64) for t in templates]
         self.group_code = np.concatenate(codes)[rows] if templates else np.zeros(0, np.int64)
         self.comm_body, self.comm_first, self.comm_last = comm & self.on_stage, comm & self.first, comm & self.last
@@ -455,7 +467,8 @@ class BodyPlan:
 
         Returns arrays over bodies: ``slowest_ms`` (the slowest stage's microbatch time),
         ``fixed_ms`` (fill, drain and interleaved transfers: the pipeline minus
-        ``m * slowest_ms``), ``pp_exposed_ms`` (the slowest stage's exposed interleaved
+        ``m * slowest_ms``), ``attention_ms`` (the slowest stage's attention-core time per
+        microbatch), ``pp_exposed_ms`` (the slowest stage's exposed interleaved
         transfer), ``last_backward_ms``, ``forward_ms`` (the forward compute of one
         microbatch's layers on the busiest stage); and over (bodies, groups) ``comm_ms`` and
         ``comm_present`` (the exposed communication per microbatch of each group in
@@ -502,7 +515,8 @@ class BodyPlan:
         last_backward += np.where(busiest_last, self._sum(self.last & nf, weighted), 0.0)
         out = {"slowest_ms": slowest_ms, "fixed_ms": fixed, "pp_exposed_ms": pp_exposed,
                "last_backward_ms": last_backward, "comm_ms": comm, "comm_present": count > 0,
-               "stall_ms": stall, "forward_ms": self._sum(self.layer_forward, weighted)}  # fmt: skip
+               "stall_ms": stall, "forward_ms": self._sum(self.layer_forward, weighted),
+               "attention_ms": self._sum(self.on_stage & self.attention, weighted)}  # fmt: skip
         if len(self.rank_body):
             self._uneven_stages(out, node_exposed * self.repeat, once, xfer, host)
         return out
@@ -557,6 +571,7 @@ class BodyPlan:
         out["fixed_ms"][bodies] = (total - slowest[bodies]) / vpp + (pp - 1) * xfer[bodies] / vpp
         out["pp_exposed_ms"][bodies] = exposed[s]
         out["stall_ms"][bodies] = stage_ms[s] - gpu[s]
+        out["attention_ms"][bodies] = (sums(self.attention, unit_ms)[bodies] * w).sum(1)
         out["last_backward_ms"][bodies] = (sums((self.body | ends) & self.not_forward, unit_ms)[bodies] * w).sum(1)
         out["last_backward_ms"][bodies] += first_layer(self.body & self.not_forward)[s]
         comm = self.comm_body | self.comm_first | self.comm_last
@@ -591,7 +606,7 @@ class BodyPlan:
         (:func:`param_gather_exposed_ms`); None: never.
 
         Returns:
-            ``step_ms, compute_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
+            ``step_ms, compute_ms, attention_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
             ``comm_<group>_ms`` (NaN where the config has no such group), arrays over configs.
         """
         m = np.asarray(num_microbatches, dtype=float)
@@ -621,9 +636,11 @@ class BodyPlan:
             exposed = param_gather_exposed_ms(left, stages["forward_ms"][body], self.num_layers[body])
             dp_sync = dp_sync - left + exposed
         optimizer = np.asarray(optimizer_ms, dtype=float)
+        attention = m * stages["attention_ms"][body]
         return {
             "step_ms": pipeline + dp_sync + optimizer,
-            "compute_ms": m * slowest - exposed_comm,
+            "compute_ms": m * slowest - exposed_comm - attention,
+            "attention_ms": attention,
             "bubble_ms": pipeline - m * slowest,
             "dp_sync_ms": dp_sync,
             "optimizer_ms": optimizer,
@@ -691,6 +708,7 @@ class BodyTemplate:
             "last": scope == Scope.LAST_STAGE,
             "pp_xfer": groups == Group.PP,
             "comm": comm,
+            "attention": _attention_nodes(columns["name"], comm),
             "group": groups,
             **_schedule_arrays(columns),
         }
@@ -719,6 +737,11 @@ class BodyTemplate:
         out.arrays.update(_schedule_arrays(changed))
         out._replayed = {}
         return out
+
+
+def _attention_nodes(names: np.ndarray, comm: np.ndarray) -> np.ndarray:
+    """Per node: an attention core (:data:`ATTENTION_CORE`) on the compute stream."""
+    return np.char.startswith(names.astype(str), ATTENTION_CORE) & ~comm
 
 
 def _schedule_arrays(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -162,7 +162,7 @@ class ComposedStep:
 def composed_frame(steps: Sequence[ComposedStep]) -> pd.DataFrame:
     """One row per composed step: ``step_ms, step_lo_ms, step_hi_ms`` and the breakdown.
 
-    Breakdown columns are ``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
+    Breakdown columns are ``compute_ms, attention_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
     ``comm_<group>_ms`` (0 where a config has no such group). This plain frame is what
     :func:`perfcast.features.run_features.featurize_runs` takes.
     """
@@ -472,7 +472,7 @@ def _base_body(config: RunConfig) -> BodyTemplate:
 def _table_frame(parts: dict[str, np.ndarray], lo_ms: np.ndarray, hi_ms: np.ndarray) -> pd.DataFrame:
     """The :func:`composed_frame` of column-wise breakdowns: the same columns in the same order."""
     frame = {"step_ms": parts["step_ms"], "step_lo_ms": lo_ms, "step_hi_ms": hi_ms}
-    frame.update({k: parts[k] for k in ("compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")})
+    frame.update({k: parts[k] for k in ("compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")})
     comm = {k: v for k, v in parts.items() if k.startswith("comm_") and not np.isnan(v).all()}
     # composed_frame's rows list their groups sorted; its columns follow first appearance
     first_row = {k: int(np.flatnonzero(~np.isnan(v))[0]) for k, v in comm.items()}

@@ -6,10 +6,16 @@ link rate, framework overhead) as a log ratio (DESIGN.md decision 1):
 
 .. math::
 
-    \\hat t = t_{composed} \\cdot \\exp f(x), \\qquad f \\approx \\log(t_{measured} / t_{composed})
+    \\hat t = t_{composed} \\cdot m(x) \\cdot \\exp f(x), \\qquad
+    f \\approx \\log(t_{measured} / (t_{composed} \\, m(x)))
 
 ``X`` is a run-feature frame (:func:`perfcast.features.run_features.featurize_runs`);
-``t_composed = exp(X["log_composed_step_ms"])``.
+``t_composed = exp(X["log_composed_step_ms"])``. ``m(x)`` is the multiplier of the
+physical factors (:mod:`perfcast.models.component_factors`: a time factor per component
+of the composed step, ``physical_factors``, fitted first with sources weighed as in the
+booster's fit); the booster learns what is left. Unlike the booster's correction the
+factors apply to every row whole: a factor states how a training stack's part of the
+step relates to its kernels, and it extrapolates as the component's share does.
 
 Features: by default every run feature except those that grow with the cluster
 (:data:`SCALE_FEATURES`: GPU and node counts, data-parallel degree, global batch,
@@ -89,6 +95,8 @@ from perfcast.features.run_features import (
     RUN_FEATURE_SPEC,
     RUN_FEATURE_SPEC_VERSION,
 )
+from perfcast.models.component_factors import COMPONENTS, ComponentFactors, component_shares
+from perfcast.models.intervals import check_coverage, straddle_zero, weighted_conformal_bounds
 from perfcast.models.physics_bounds import MFUCeiling
 
 __all__ = [
@@ -123,18 +131,6 @@ def _ranges(data: np.ndarray) -> np.ndarray:
         return np.vstack([np.nanmin(data, axis=0), np.nanmax(data, axis=0)])
 
 
-def _conformal_bounds(r: np.ndarray, w: np.ndarray, coverage: float) -> tuple[float, float]:
-    """Weighted conformal quantiles of sorted held-out log residuals ``r`` (see the module docstring)."""
-    n_eff = 1.0 / float(np.sum(w**2))
-    tail = (1.0 - coverage) / 2.0
-    lo_level = max(0.0, (tail * (n_eff + 1.0) - 1.0) / n_eff)
-    hi_level = min(1.0, (1.0 - tail) * (n_eff + 1.0) / n_eff)
-    cdf = np.cumsum(w)
-    pick = np.searchsorted(cdf, [lo_level, hi_level], side="left").clip(0, len(r) - 1)
-    lo, hi = r[pick]
-    return float(min(lo, 0.0)), float(max(hi, 0.0))
-
-
 class StepTimeRegressor(RegressorMixin, BaseEstimator):
     """Gradient-boosted correction of the composed step time (see the module docstring).
 
@@ -148,8 +144,14 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             and widen their interval (see the module docstring).
         ood_correction: one of :data:`OOD_CORRECTIONS`, how rows with ``d > 0`` are shrunk.
         ood_interval: one of :data:`OOD_INTERVALS`, where the domain-held-out residuals apply.
-        correction_scale: factor on every row's log correction, in [0, 1] (1 = as learned,
-            0 = the composed step); the held-out residuals are those of the scaled
+        physical_factors: the components of the composed step (keys of
+            :data:`~perfcast.models.component_factors.COMPONENTS`) that get a fitted time
+            factor before the booster; empty for none.
+        factor_prior: strength of the pull of each factor toward 1 (see
+            :class:`~perfcast.models.component_factors.ComponentFactors`).
+        correction_scale: factor on every row's learned log correction (the booster's, not
+            the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
+            its factors); the held-out residuals are those of the scaled
             predictor, so the interval stays calibrated (how it was chosen:
             ``benchmarks/results/step_transfer_eval.md``).
         random_state: seed of the booster's row and column sampling and the fold split.
@@ -157,6 +159,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
 
     Attributes:
         booster_: the XGBoost booster fitted on all rows.
+        factors_: the :class:`~perfcast.models.component_factors.ComponentFactors` fitted on all rows.
         feature_names_: the columns used, in order.
         residuals_: sorted held-out log residuals (conformal scores).
         residual_weights_: weight of each residual (its row's sample weight), summing to 1.
@@ -188,6 +191,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         shrink_out_of_domain: bool = True,
         ood_correction: str = "scaled",
         ood_interval: str = "domain",
+        physical_factors: tuple[str, ...] = ("attention",),
+        factor_prior: float = 0.01,
         correction_scale: float = 1.0,
         random_state: int = 0,
         n_jobs: int = 1,
@@ -204,6 +209,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.shrink_out_of_domain = shrink_out_of_domain
         self.ood_correction = ood_correction
         self.ood_interval = ood_interval
+        self.physical_factors = physical_factors
+        self.factor_prior = factor_prior
         self.correction_scale = correction_scale
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -245,6 +252,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             raise SpecError(f"correction_scale={self.correction_scale!r} must be in [0, 1]")
         if self.ood_interval not in OOD_INTERVALS:
             raise SpecError(f"ood_interval={self.ood_interval!r} unknown; allowed: {', '.join(OOD_INTERVALS)}")
+        unknown = [c for c in self.physical_factors if c not in COMPONENTS]
+        if unknown:
+            raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
         names = self._feature_names(X)
         target = self._log_ratio(X, y)
         weights = np.ones(len(target)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
@@ -260,38 +270,54 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         if domains is not None and domains.shape != target.shape:
             raise SpecError(f"domain_groups has {domains.shape[0]} entries for {len(target)} rows")
         data = X.loc[:, names].to_numpy(dtype=float)
+        shares = component_shares(X, self.physical_factors)
         check = np.isin(names, DOMAIN_FEATURES)
         rng = np.random.default_rng(self.random_state)
         fold_of_group = rng.permutation(len(unique)) % min(self.n_calibration_folds, len(unique))
         folds = fold_of_group[np.searchsorted(unique, labels)]
-        self.residuals_, self.residual_weights_ = self._held_out_scores(data, target, weights, folds, check)
+        self.residuals_, self.residual_weights_ = self._held_out_scores(data, shares, target, weights, folds, check)
         self.domain_residuals_, self.domain_residual_weights_ = np.empty(0), np.empty(0)
         if domains is not None and len(np.unique(domains)) >= 2:
             domain_folds = np.searchsorted(np.unique(domains), domains)
             self.domain_residuals_, self.domain_residual_weights_ = self._held_out_scores(
-                data, target, weights, domain_folds, check
+                data, shares, target, weights, domain_folds, check
             )
         self.feature_names_ = names
         releases = X[RELEASE_COLUMN].to_numpy(dtype=float) if RELEASE_COLUMN in names else np.empty(0)
         self.latest_release_ = float(np.nanmax(releases)) if np.isfinite(releases).any() else float("nan")
         self.domain_features_ = tuple(names[i] for i in np.flatnonzero(check))
         self.feature_ranges_ = _ranges(data[:, check])
-        self.booster_ = self._train(data, target, weights)
+        self.factors_ = self._fit_factors(shares, target, weights)
+        self.booster_ = self._train(data, target - self.factors_.log_scale_of(shares), weights)
         self.n_features_in_ = len(names)
         self.mfu_ceiling_ = mfu_ceiling
         return self
 
+    def _fit_factors(self, shares: np.ndarray, target: np.ndarray, weights: np.ndarray) -> ComponentFactors:
+        return ComponentFactors.fit(
+            shares, target, names=self.physical_factors, weights=weights, prior=self.factor_prior
+        )
+
     def _held_out_scores(
-        self, data: np.ndarray, target: np.ndarray, weights: np.ndarray, folds: np.ndarray, check: np.ndarray
+        self,
+        data: np.ndarray,
+        shares: np.ndarray,
+        target: np.ndarray,
+        weights: np.ndarray,
+        folds: np.ndarray,
+        check: np.ndarray,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted conformal scores of each fold held out in turn, and their weights (summing to 1)."""
+        """Sorted conformal scores of each fold held out in turn (factors and booster fitted
+        without it), and their weights (summing to 1)."""
         residuals = np.empty(len(target))
         for k in np.unique(folds):
             held = folds == k
-            booster = self._train(data[~held], target[~held], weights[~held])
+            factors = self._fit_factors(shares[~held], target[~held], weights[~held])
+            base = factors.log_scale_of(shares)
+            booster = self._train(data[~held], target[~held] - base[~held], weights[~held])
             distance = self._distance(data[held][:, check], _ranges(data[~held][:, check]))
             correction = self._shrink(self._raw(booster, data[held]), distance)
-            residuals[held] = (target[held] - correction) / (1.0 + distance)
+            residuals[held] = (target[held] - base[held] - correction) / (1.0 + distance)
         order = np.argsort(residuals, kind="stable")
         total = weights.sum()
         w = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
@@ -376,7 +402,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         data = self._data(X)
         distance = self.extrapolation_distance(X)
         correction = self._shrink(self._raw(self.booster_, data), distance)
-        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + correction, distance
+        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + self.factors_.log_scale(X) + correction, distance
 
     def _unstated_release(self, X: pd.DataFrame) -> np.ndarray:
         """Rows that state no software release although the model learned from releases."""
@@ -390,13 +416,14 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
         """``(n, 2)`` lower and upper bounds of the ``coverage`` interval, ms."""
-        if not 0.0 < coverage < 1.0:
-            raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
+        check_coverage(coverage)
         log_pred, distance = self._log_pred(X)
-        c_lo, c_hi = _conformal_bounds(self.residuals_, self.residual_weights_, coverage)
+        c_lo, c_hi = straddle_zero(*weighted_conformal_bounds(self.residuals_, self.residual_weights_, coverage))
         lo_q, hi_q = np.full(len(log_pred), c_lo), np.full(len(log_pred), c_hi)
         if len(self.domain_residuals_) and self.ood_interval != "cluster":
-            d_lo, d_hi = _conformal_bounds(self.domain_residuals_, self.domain_residual_weights_, coverage)
+            d_lo, d_hi = straddle_zero(
+                *weighted_conformal_bounds(self.domain_residuals_, self.domain_residual_weights_, coverage)
+            )
             if self.ood_interval == "wider":
                 rows = np.ones(len(log_pred), dtype=bool)
             else:
@@ -413,6 +440,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.booster_.save_model(str(Path(directory) / BOOSTER_FILE))
         params = self.get_params()
         params["features"] = list(params["features"]) if params["features"] is not None else None
+        params["physical_factors"] = list(params["physical_factors"])
         return {
             "params": params,
             "run_feature_spec_version": RUN_FEATURE_SPEC_VERSION,
@@ -425,6 +453,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "latest_release": None if np.isnan(self.latest_release_) else self.latest_release_,
             "mfu_ceiling": None if getattr(self, "mfu_ceiling_", None) is None else self.mfu_ceiling_.to_dict(),
+            "factors": self.factors_.to_dict(),
             "booster_file": BOOSTER_FILE,
         }
 
@@ -443,6 +472,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             params = dict(meta["params"])
             if params.get("features") is not None:
                 params["features"] = tuple(params["features"])
+            params["physical_factors"] = tuple(params["physical_factors"])
             model = cls(**params)
             model.feature_names_ = tuple(meta["feature_names"])
             model.residuals_ = np.asarray(meta["residuals"], dtype=float)
@@ -466,6 +496,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             # bundles saved before the physics floor: none (the predictor bounds MFU by 1)
             ceiling = meta.get("mfu_ceiling")
             model.mfu_ceiling_ = None if ceiling is None else MFUCeiling.from_dict(ceiling)
+            model.factors_ = ComponentFactors.from_dict(meta["factors"])
             file = path / meta["booster_file"]
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"step model metadata in {path} is malformed: {exc!r}") from None

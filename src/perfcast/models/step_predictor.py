@@ -98,8 +98,8 @@ class StepPredictor:
 
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """One row per config, in order: ``step_ms, step_lo_ms, step_hi_ms``, ``composed_step_ms``
-        and the breakdown columns (``compute_ms, bubble_ms, dp_sync_ms, optimizer_ms,
-        comm_<group>_ms``), all ms; ``out_of_domain`` when the op predictor flags extrapolation.
+        and the breakdown columns (``compute_ms, attention_ms, bubble_ms, dp_sync_ms,
+        optimizer_ms, comm_<group>_ms``), all ms; ``out_of_domain`` when the op predictor flags extrapolation.
 
         Raises:
             SpecError: ``coverage`` outside (0, 1).

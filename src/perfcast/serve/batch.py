@@ -92,7 +92,7 @@ LEVEL_COLUMNS = tuple(f"link_{g}" for g in COMM_GROUPS)
 """Per process group, the links its collectives cross (``nvlink``, a fabric id, or
 ``nvlink+<fabric>``; empty for a group of one rank): :func:`~perfcast.features.workload.fabric_level`."""
 BREAKDOWN_COLUMNS = (
-    "composed_step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms",
+    "composed_step_ms", "compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms",
     *(f"comm_{g}_ms" for g in COMM_GROUPS),
     *LEVEL_COLUMNS,
     *MEMORY_PART_COLUMNS,
@@ -146,7 +146,7 @@ def predict_steps_table(
             None is the analytic one.
         coverage: nominal coverage of the interval, in (0, 1).
         breakdown: add ``composed_step_ms``, the step breakdown columns (``compute_ms``,
-            ``comm_<group>_ms``, ``bubble_ms``, ``dp_sync_ms``, ``optimizer_ms``) and the
+            ``attention_ms``, ``comm_<group>_ms``, ``bubble_ms``, ``dp_sync_ms``, ``optimizer_ms``) and the
             memory parts.
         progress: called with the number of rows finished.
         model_source: how ``model`` cells resolve (default: presets, inline configs and any

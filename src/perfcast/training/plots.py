@@ -102,7 +102,7 @@ def measured_parity_plot(rows: pd.DataFrame, pred_col: str, lo_col: str, hi_col:
     return fig
 
 
-STEP_PARTS = ("compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")
+STEP_PARTS = ("compute_ms", "attention_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms")
 """Breakdown columns of a step drawn as their own segments (exposed communication adds one per group)."""
 
 

@@ -1,0 +1,66 @@
+"""The physical factors of the composed step's parts: recovered from runs, pulled toward their centre."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from perfcast.errors import SpecError
+from perfcast.models.component_factors import COMPONENTS, FACTOR_RANGE, ComponentFactors, component_shares
+
+
+def _runs(n: int = 300, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    attention = rng.uniform(0.0, 0.7, n)
+    comm = rng.uniform(0.0, 0.3, n) * (1 - attention)
+    columns = {c: np.zeros(n) for names in COMPONENTS.values() for c in names}
+    columns.update(frac_attention=attention, frac_comm_dp=comm, frac_compute=1 - attention - comm)
+    return pd.DataFrame(columns)
+
+
+def test_factors_are_recovered_from_runs_that_exercise_them():
+    X = _runs()
+    shares = component_shares(X, ("attention", "compute", "communication"))
+    truth = np.array([2.5, 1.1, 0.8])
+    log_ratio = np.log1p(shares @ (truth - 1)) + np.random.default_rng(1).normal(0, 0.01, len(X))
+    fitted = ComponentFactors.fit(shares, log_ratio, names=("attention", "compute", "communication"), prior=0.0)
+    np.testing.assert_allclose(list(fitted.factors.values()), truth, rtol=0.03)
+    np.testing.assert_allclose(fitted.log_scale(X), np.log1p(shares @ (truth - 1)), atol=0.02)
+
+
+def test_an_unexercised_component_stays_at_its_centre_and_the_prior_shrinks():
+    X = _runs().assign(frac_attention=0.0)
+    shares = component_shares(X, ("attention",))
+    log_ratio = np.full(len(X), 0.3)  # every run slower, none through attention
+    assert ComponentFactors.fit(shares, log_ratio, names=("attention",)).factors["attention"] == pytest.approx(1.0)
+    busy = component_shares(_runs(), ("attention",))
+    target = np.log1p(busy[:, 0] * (3.0 - 1.0))
+    free = ComponentFactors.fit(busy, target, names=("attention",), prior=0.0).factors["attention"]
+    pulled = ComponentFactors.fit(busy, target, names=("attention",), prior=1.0).factors["attention"]
+    centred = ComponentFactors.fit(busy, target, names=("attention",), prior=1.0, center={"attention": 3.0})
+    assert free == pytest.approx(3.0, rel=1e-3) and 1.0 < pulled < free
+    assert centred.factors["attention"] == pytest.approx(3.0, rel=1e-3)
+
+
+def test_factors_stay_in_range_and_round_trip():
+    X = _runs()
+    shares = component_shares(X, ("attention",))
+    huge = ComponentFactors.fit(shares, np.full(len(X), 5.0), names=("attention",), prior=0.0)
+    assert huge.factors["attention"] == pytest.approx(FACTOR_RANGE[1])
+    assert ComponentFactors.from_dict(huge.to_dict()) == huge
+    with pytest.raises(ValueError, match="unknown"):
+        ComponentFactors.from_dict({"memory": 1.0})
+    with pytest.raises(ValueError, match="outside"):
+        ComponentFactors.from_dict({"attention": 100.0})
+
+
+def test_bad_inputs_name_the_problem():
+    X = _runs()
+    with pytest.raises(SpecError, match="unknown"):
+        component_shares(X, ("memory",))
+    with pytest.raises(SpecError, match="lack"):
+        component_shares(X.drop(columns="frac_attention"), ("attention",))
+    shares = component_shares(X, ("attention",))
+    with pytest.raises(SpecError, match="non-negative"):
+        ComponentFactors.fit(shares, np.zeros(len(X)), names=("attention",), weights=-np.ones(len(X)))
+    with pytest.raises(SpecError, match="shape"):
+        ComponentFactors.fit(shares, np.zeros(3), names=("attention",))
