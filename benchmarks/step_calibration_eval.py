@@ -14,9 +14,13 @@ coverage.
 Leave one source out (issue 14, item 5): for every measured source (vTrain, NeuSight, MLPerf
 and each published table), the step GBDT as shipped (``correction_scale=0.5``, raised to the
 MFU-ceiling floor) is fitted on the other sources; ``k`` runs of the held-out source (k = 0, 1,
-3, 5, drawn at random, 20 seeds) fit one correction (``perfcast calibrate steps``' robust
-shift), and the source's other runs are scored. A source pools its GPUs and cluster sizes
-under the one shift, as a user calibrating a whole software stack would. Reported per source
+3, 5, drawn at random, 20 seeds) fit one correction, and the source's other runs are scored.
+Two corrections: ``shift`` (the robust shift alone) and ``factors`` (what ``perfcast calibrate
+steps`` fits from the predictor's breakdown: a factor per component of the step, the shares
+taken from the composed breakdown, which the step predictor scales uniformly). Two poolings:
+per source (its GPUs and cluster sizes under one correction, as a user calibrating a whole
+software stack would) and per (source, GPU) cluster, as ``calibrate steps`` keys a correction,
+for clusters with at least 8 runs. Reported per source (clusters: mean over its clusters)
 and k: mean over seeds of MAPE and of coverage; where the screening refuses every shot
 (measured/predicted beyond the calibration's bound) the prediction stays uncalibrated.
 
@@ -62,8 +66,17 @@ LOSO_SCALE = 0.5
 SPLITS = {"vtrain_small_to_large": split_vtrain_small_to_large, "mlperf_small_to_large": split_mlperf_small_to_large}
 
 
-def few_shot(pred: np.ndarray, lo: np.ndarray, hi: np.ndarray, true: np.ndarray, k: int, seeds: int) -> dict:
-    """Mean over seeds of MAPE and coverage on the runs not used to calibrate."""
+def few_shot(
+    pred: np.ndarray,
+    lo: np.ndarray,
+    hi: np.ndarray,
+    true: np.ndarray,
+    k: int,
+    seeds: int,
+    breakdown: pd.DataFrame | None = None,
+) -> dict:
+    """Mean over seeds of MAPE and coverage on the runs not used to calibrate (with
+    ``breakdown``, the prediction rows' breakdown columns: component factors fitted too)."""
     if k >= len(true):
         return {"mape": float("nan"), "coverage": float("nan")}
     errors, covered = [], []
@@ -71,10 +84,16 @@ def few_shot(pred: np.ndarray, lo: np.ndarray, hi: np.ndarray, true: np.ndarray,
         rng = np.random.default_rng(seed)
         shots = rng.choice(len(true), size=k, replace=False) if k else np.array([], dtype=int)
         rest = np.setdiff1d(np.arange(len(true)), shots)
+        factor = np.ones(len(rest))
         try:
-            factor = fit_step_correction("c", true[shots], pred[shots]).factor if k else 1.0
+            if k:
+                shot_rows = None if breakdown is None else breakdown.iloc[shots]
+                correction = fit_step_correction("c", true[shots], pred[shots], breakdown=shot_rows)
+                factor = correction.row_factors(breakdown.iloc[rest]) if breakdown is not None else (
+                    np.full(len(rest), correction.factor)
+                )  # fmt: skip
         except SpecError:  # every shot screened out: the user keeps the uncalibrated prediction
-            factor = 1.0
+            pass
         errors.append(mape(pred[rest] * factor, true[rest]))
         covered.append(interval_coverage(lo[rest] * factor, hi[rest] * factor, true[rest]))
     return {"mape": float(np.mean(errors)), "coverage": float(np.mean(covered))}
@@ -117,43 +136,66 @@ def main() -> None:
     print(text)
 
 
+MIN_CLUSTER_RUNS = 8
+"""Smallest (source, GPU) cluster scored under per-cluster pooling."""
+
+
 def loso_rows(table: StepTable, seeds: int) -> list[dict]:
-    """Per held-out source, predictor and k: few-shot MAPE and coverage on the source's other runs."""
+    """Per held-out source, predictor, correction, pooling and k: few-shot MAPE and coverage
+    on the source's other runs (per cluster: averaged over the source's clusters)."""
     runs = table.runs
     composed_all = tuple(runs[c].to_numpy() for c in ("step_ms", "step_lo_ms", "step_hi_ms"))
     true_all = runs["measured_step_ms"].to_numpy()
+    gpu = runs["gpu"].astype(str).to_numpy()
     rows = []
     for source in runs["source"].value_counts().index:
         test = (runs["source"] == source).to_numpy()
         model = fit_step_model(table, ~test, correction_scale=LOSO_SCALE)
         learned = predict_rows(model, table, test)
         composed = tuple(v[test] for v in composed_all)
+        breakdown = runs.loc[test].reset_index(drop=True)
+        pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
+        pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
         for predictor, (pred, lo, hi) in (("composed", composed), (f"gbdt(scale={LOSO_SCALE})+bound", learned)):
-            for k in LOSO_KS:
-                score = few_shot(pred, lo, hi, true_all[test], k, seeds)
-                rows.append({"source": source, "n_runs": int(test.sum()), "predictor": predictor, "k": k, **score})
+            for correction, parts in (("shift", None), ("factors", breakdown)):
+                for pooling, members in pools.items():
+                    for k in LOSO_KS if members else ():
+                        scores = [few_shot(pred[m], lo[m], hi[m], true_all[test][m], k, seeds,
+                                           None if parts is None else parts.loc[m].reset_index(drop=True))
+                                  for m in members]  # fmt: skip
+                        rows.append({"source": source, "n_runs": int(test.sum()), "predictor": predictor,
+                                     "correction": correction, "pooling": pooling, "clusters": len(members), "k": k,
+                                     "mape": float(np.nanmean([s["mape"] for s in scores])),
+                                     "coverage": float(np.nanmean([s["coverage"] for s in scores]))})  # fmt: skip
     return rows
 
 
 def loso_markdown(frame: pd.DataFrame) -> str:
-    """MAPE % (coverage) per held-out source, predictor and k."""
-    lines = [
-        "",
-        "## Leave one source out: k runs of the held-out source calibrate, its other runs are scored",
-        "",
-        f"GBDT as shipped (`correction_scale={LOSO_SCALE}`, MFU-ceiling floor) fitted without the source; one "
-        "shift per source (all its GPUs and sizes). Cells: mean over 20 draws of MAPE % (coverage of the 90% "
-        "interval).",
-        "",
-        "| source | runs | predictor | " + " | ".join(f"k={k}" for k in LOSO_KS) + " |",
-        "|---|---:|---|" + "---:|" * len(LOSO_KS),
-    ]
-    for (source, predictor), part in frame.groupby(["source", "predictor"], sort=False):
-        cells = [f"{r.mape:.1f} ({100 * r.coverage:.0f}%)" for r in part.sort_values("k").itertuples()]
-        lines.append(f"| {source} | {part['n_runs'].iloc[0]} | {predictor} | " + " | ".join(cells) + " |")
-    means = frame.groupby(["predictor", "k"])["mape"].mean().unstack("k")
-    for predictor, row in means.iterrows():
-        lines.append(f"| mean over sources | | {predictor} | " + " | ".join(f"{v:.1f}" for v in row) + " |")
+    """MAPE % (coverage) per held-out source, predictor, correction and k; one table per pooling."""
+    lines = []
+    for pooling, title in (("source", "one correction per source (all its GPUs and sizes)"),
+                           ("cluster", f"one correction per (source, GPU) cluster of >= {MIN_CLUSTER_RUNS} runs, "
+                                       "averaged over the source's clusters")):  # fmt: skip
+        part_frame = frame[frame["pooling"] == pooling]
+        lines += [
+            "",
+            f"## Leave one source out, {title}: k runs calibrate, the other runs are scored",
+            "",
+            f"GBDT as shipped (`correction_scale={LOSO_SCALE}`, MFU-ceiling floor) fitted without the source. "
+            "Cells: mean over 20 draws of MAPE % (coverage of the 90% interval).",
+            "",
+            "| source | runs | clusters | predictor | correction | " + " | ".join(f"k={k}" for k in LOSO_KS) + " |",
+            "|---|---:|---:|---|---|" + "---:|" * len(LOSO_KS),
+        ]
+        keys = ["source", "predictor", "correction"]
+        for (source, predictor, correction), part in part_frame.groupby(keys, sort=False):
+            cells = [f"{r.mape:.1f} ({100 * r.coverage:.0f}%)" for r in part.sort_values("k").itertuples()]
+            lines.append(f"| {source} | {part['n_runs'].iloc[0]} | {part['clusters'].iloc[0]} | {predictor} | "
+                         f"{correction} | " + " | ".join(cells) + " |")  # fmt: skip
+        means = part_frame.groupby(["predictor", "correction", "k"])["mape"].mean().unstack("k")
+        for (predictor, correction), row in means.iterrows():
+            lines.append(f"| mean over sources | | | {predictor} | {correction} | "
+                         + " | ".join(f"{v:.1f}" for v in row) + " |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 

@@ -169,3 +169,48 @@ def test_foreign_json_is_refused() -> None:
         ClusterCorrection.from_json("null")
     with pytest.raises(BundleError, match="invalid JSON"):
         ClusterCorrection.from_json("{")
+
+
+def _breakdown(attention: np.ndarray, comm: np.ndarray, step_ms: float = 100.0) -> pd.DataFrame:
+    """Prediction rows whose breakdown gives attention and exposed communication these shares."""
+    return pd.DataFrame({"step_ms": step_ms, "attention_ms": attention * step_ms, "comm_dp_ms": comm * step_ms,
+                         "compute_ms": (1 - attention - comm) * step_ms})  # fmt: skip
+
+
+def test_component_factors_tell_a_slow_attention_from_a_slow_step() -> None:
+    attention, comm = np.array([0.05, 0.3, 0.6, 0.1, 0.45]), np.array([0.05, 0.05, 0.1, 0.3, 0.0])
+    rows = _breakdown(attention, comm)
+    measured = 100.0 * (1 - attention + 2.5 * attention)  # only the attention is 2.5x slower
+    corr = fit_step_correction("c", measured, np.full(5, 100.0), breakdown=rows)
+    assert corr.factors["attention"] > corr.factors["compute"] + 0.3  # the slowdown lands on attention
+    shift_only = fit_step_correction("c", measured, np.full(5, 100.0))
+    new = _breakdown(np.array([0.7, 0.02]), np.array([0.0, 0.0]))
+    truth = 100.0 * (1 + 1.5 * new["attention_ms"] / 100.0)
+    err_factors = np.abs(corr.row_factors(new) * 100.0 / truth - 1)
+    err_shift = np.abs(shift_only.row_factors(new) * 100.0 / truth - 1)
+    assert (err_factors < err_shift).all()  # the factors carry to configs of other shares
+
+
+def test_one_run_moves_every_component_alike() -> None:
+    rows = _breakdown(np.array([0.3]), np.array([0.1]))
+    corr = fit_step_correction("c", np.array([150.0]), np.array([100.0]), breakdown=rows)
+    values = np.array(list(corr.factors.values()))
+    assert 1.0 < values.min() and values.max() < 1.5 and values.max() / values.min() < 1.15
+    assert corr.row_factors(rows)[0] < 1.5  # shrunk toward no correction
+
+
+def test_component_factors_round_trip_and_are_checked(tmp_path) -> None:
+    rows = _breakdown(np.array([0.2, 0.5]), np.array([0.1, 0.1]))
+    corr = fit_step_correction("c", np.array([150.0, 210.0]), np.full(2, 100.0), breakdown=rows, predictor="p")
+    again = ClusterCorrection.from_json(corr.to_json())
+    assert again == corr
+    np.testing.assert_allclose(again.row_factors(rows), corr.row_factors(rows))
+    bad = json.loads(corr.to_json())
+    bad["factors"]["attention"] = 1e6
+    with pytest.raises(BundleError, match="factors"):
+        ClusterCorrection.from_json(json.dumps(bad))
+    bad["factors"] = {"memory": 1.0}
+    with pytest.raises(BundleError, match="factors"):
+        ClusterCorrection.from_json(json.dumps(bad))
+    with pytest.raises(SpecError, match="breakdown has 1 rows"):
+        fit_step_correction("c", np.array([150.0, 210.0]), np.full(2, 100.0), breakdown=rows.iloc[:1])

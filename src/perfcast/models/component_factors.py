@@ -34,15 +34,20 @@ import pandas as pd
 from perfcast.errors import SpecError
 from perfcast.features.run_features import COMM_GROUPS
 
-__all__ = ["COMPONENTS", "FACTOR_RANGE", "ComponentFactors"]
+__all__ = ["COMPONENTS", "COMPONENT_PARTS", "FACTOR_RANGE", "ComponentFactors", "breakdown_shares", "component_shares"]
 
-COMPONENTS: dict[str, tuple[str, ...]] = {
-    "attention": ("frac_attention",),
-    "compute": ("frac_compute", "frac_bubble", "frac_optimizer"),
-    "communication": ("frac_dp_sync", *(f"frac_comm_{g}" for g in COMM_GROUPS)),
+COMPONENT_PARTS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention",),
+    "compute": ("compute", "bubble", "optimizer"),
+    "communication": ("dp_sync", *(f"comm_{g}" for g in COMM_GROUPS)),
 }
-"""Component name -> the run-feature fractions of the composed step it scales. The bubble
-is idle time proportional to the stage's compute, so it scales with ``compute``."""
+"""Component name -> the parts of the step breakdown it scales (breakdown column ``<part>_ms``,
+run feature ``frac_<part>``). The bubble is idle time proportional to the stage's compute,
+so it scales with ``compute``."""
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    name: tuple(f"frac_{part}" for part in parts) for name, parts in COMPONENT_PARTS.items()
+}
+"""Component name -> the run-feature fractions of the composed step it scales."""
 FACTOR_RANGE = (0.25, 8.0)
 """Smallest and largest factor a fit may return (time multipliers)."""
 
@@ -58,6 +63,23 @@ def component_shares(X: pd.DataFrame, names: Sequence[str]) -> np.ndarray:
     if not names:
         return np.zeros((len(X), 0))
     return np.column_stack([X.loc[:, list(COMPONENTS[n])].to_numpy(dtype=float).sum(axis=1) for n in names])
+
+
+def breakdown_shares(frame: pd.DataFrame, names: Sequence[str]) -> np.ndarray:
+    """``(n, len(names))``: each component's share of the step per row of a prediction frame
+    with breakdown columns ``<part>_ms`` (absent or empty parts count 0; shares of the
+    parts' sum, 0 for a row whose parts sum to 0)."""
+    unknown = [n for n in names if n not in COMPONENT_PARTS]
+    if unknown:
+        raise SpecError(f"components {unknown} unknown; allowed: {', '.join(COMPONENT_PARTS)}")
+
+    def part_sum(parts: Sequence[str]) -> np.ndarray:
+        cols = [f"{p}_ms" for p in parts if f"{p}_ms" in frame]
+        return frame[cols].apply(pd.to_numeric, errors="coerce").fillna(0.0).to_numpy(float).sum(axis=1)
+
+    total = part_sum([p for parts in COMPONENT_PARTS.values() for p in parts])
+    shares = np.column_stack([part_sum(COMPONENT_PARTS[n]) for n in names]) if names else np.zeros((len(frame), 0))
+    return np.divide(shares, total[:, None], out=np.zeros_like(shares), where=total[:, None] > 0)
 
 
 @dataclass(frozen=True)

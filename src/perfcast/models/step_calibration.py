@@ -2,10 +2,24 @@
 
 On a cluster nobody measured, most of a step predictor's error is shared by the configs
 run there (its software stack, its achieved collective bandwidth, its clocks). A few
-measured steps of the user's own cluster estimate that shared part as a log shift:
+measured steps of the user's own cluster estimate that shared part as a log shift, and,
+where the predictor's breakdown of each run is given, how each component of the step
+(:data:`CALIBRATED_COMPONENTS`: attention, the rest of the compute, exposed communication;
+:mod:`perfcast.models.component_factors`) departs from that shift:
 
-* ``shift = median(log(measured / predicted)) * k / (k + SHRINK_RUNS)`` over the ``k`` runs
-  kept, shrunk toward zero so that one odd run does not move every prediction all the way;
+* without breakdown: ``shift = median(log(measured / predicted)) * k / (k + SHRINK_RUNS)``
+  over the ``k`` runs kept, shrunk toward zero so that one odd run does not move every
+  prediction all the way;
+* with breakdown (component shares ``a_c`` of each run's predicted step, summing to 1): a
+  row's time is multiplied by ``sum_c f_c a_c``, each component's factor
+  ``f_c = exp(shift + d_c)`` the shared shift times its own departure. Shift and departures
+  are fitted by least squares on the log ratios, with penalties ``SHRINK_RUNS * shift^2``
+  (the same shrinkage, as a mean) and ``FACTOR_PRIOR_RUNS * sum_c d_c^2``: runs that differ
+  in their shares tell the components apart, while a single run or runs alike move every
+  factor together, like the shift alone. Each departure stays in
+  :data:`~perfcast.models.component_factors.FACTOR_RANGE`. The factors are the cluster's
+  physical parameters relative to the predictor (``attention x1.4``: its attention kernels
+  take 1.4 times the predicted time);
 * before that, each run is screened (:func:`~perfcast.models.calibration.screen_measurements`):
   a measured step that is not a positive finite time or lies more than :data:`MAX_STEP_RATIO`
   times off the prediction either way is refused, and from three runs on, a run whose log
@@ -40,6 +54,7 @@ import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_config import RunConfig
+from perfcast.models.component_factors import COMPONENT_PARTS, FACTOR_RANGE, ComponentFactors, breakdown_shares
 from perfcast.models.correction_store import (
     CALIBRATION_COLUMN,
     FieldCheck,
@@ -55,6 +70,7 @@ from perfcast.models.correction_store import (
 )
 
 __all__ = [
+    "CALIBRATED_COMPONENTS",
     "CALIBRATION_COLUMN",
     "CalibratedStepPredictor",
     "ClusterCorrection",
@@ -66,8 +82,12 @@ __all__ = [
 ]
 
 SHRINK_RUNS = 0.5
-SCHEMA_VERSION = 2
-READABLE_SCHEMA_VERSIONS = (1, 2)  # 1: no predictor key, mean-based fit
+FACTOR_PRIOR_RUNS = 1.0
+"""Penalty on each component's log factor, in units of one run's squared log error."""
+CALIBRATED_COMPONENTS = ("attention", "compute", "communication")
+"""The components a calibration with breakdown fits a factor for (together the whole step)."""
+SCHEMA_VERSION = 3
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)  # 1: no predictor key, mean-based fit; 2: no component factors
 MAX_STEP_RATIO = 20.0
 """Largest measured/predicted step-time ratio (either way) a fit accepts."""
 MEASURED_FIELD = "measured_step_ms"
@@ -88,7 +108,8 @@ class ClusterCorrection:
     ``predictor`` is the :func:`~perfcast.models.calibration.predictor_identity` of the step
     predictor it was fitted for ("" in schema-1 files: never applied); ``model`` its display
     name; ``log_residuals`` the log ratios of the runs kept; ``excluded`` the runs left out,
-    each with its reason.
+    each with its reason; ``factors`` the component factors ``f_c`` (component -> time
+    multiplier of its part, the shift included; empty when fitted without breakdown).
     """
 
     cluster: str
@@ -99,11 +120,22 @@ class ClusterCorrection:
     created_utc: str = ""
     predictor: str = ""
     excluded: list[str] = field(default_factory=list)
+    factors: dict[str, float] = field(default_factory=dict)
 
     @property
     def factor(self) -> float:
-        """Multiplier applied to predicted step times (and their interval)."""
+        """The shared multiplier ``exp(shift)``: the whole correction when ``factors`` is empty."""
         return float(np.exp(self.shift))
+
+    def row_factors(self, frame: pd.DataFrame) -> np.ndarray:
+        """Per row of predictions with breakdown columns (``<part>_ms``): the step's multiplier."""
+        if not self.factors:
+            return np.full(len(frame), self.factor)
+        return np.exp(ComponentFactors(self.factors).log_scale_of(breakdown_shares(frame, self.factors)))
+
+    def part_factors(self) -> dict[str, float]:
+        """Breakdown part (``compute``, ``comm_tp`` …) -> its multiplier, for the parts a factor scales."""
+        return {p: f for name, f in self.factors.items() for p in COMPONENT_PARTS[name]}
 
     @property
     def label(self) -> str:
@@ -143,7 +175,11 @@ class ClusterCorrection:
             check.text(data.get(name, ""), name)
         for i, reason in enumerate(check.sequence(data.get("excluded", []), "excluded")):
             check.text(reason, f"excluded[{i}]")
-        return cls(**{**data, "shift": float(data["shift"])})
+        try:
+            factors = ComponentFactors.from_dict(data.get("factors", {})).to_dict()
+        except (TypeError, ValueError) as exc:
+            raise BundleError(f"{where}: field 'factors': {exc}") from None
+        return cls(**{**data, "shift": float(data["shift"]), "factors": factors})
 
 
 def json_dumps(data: Mapping[str, Any]) -> str:
@@ -161,6 +197,7 @@ def fit_step_correction(
     model: str = "",
     predictor: str = "",
     labels: Sequence[str] | None = None,
+    breakdown: pd.DataFrame | None = None,
 ) -> ClusterCorrection:
     """Fit the correction of ``cluster`` from measured steps and the predictor's times of them, ms.
 
@@ -168,6 +205,8 @@ def fit_step_correction(
         model: display name of the step predictor.
         predictor: its :func:`~perfcast.models.calibration.predictor_identity`.
         labels: how reasons name each run (default ``row <position>``).
+        breakdown: the predictor's rows of the runs, aligned, with breakdown columns
+            (``<part>_ms``): fit component factors too (see the module docstring).
 
     Raises:
         SpecError: mismatched lengths, or no run survives the screening (the reasons,
@@ -183,16 +222,41 @@ def fit_step_correction(
         raise SpecError(f"no usable run to calibrate cluster {cluster}: {reasons}")
     residual = np.log(measured[ok] / predicted[ok])
     k = len(residual)
+    shift, factors = float(np.median(residual) * k / (k + SHRINK_RUNS)), {}
+    if breakdown is not None:
+        if len(breakdown) != len(measured):
+            raise SpecError(f"breakdown has {len(breakdown)} rows for {len(measured)} runs")
+        shares = breakdown_shares(breakdown.iloc[np.flatnonzero(ok)], CALIBRATED_COMPONENTS)
+        shift, factors = _fit_shift_and_factors(residual, shares)
     return ClusterCorrection(
         cluster=cluster,
-        shift=float(np.median(residual) * k / (k + SHRINK_RUNS)),
+        shift=shift,
         n_runs=k,
         log_residuals=residual.tolist(),
         model=model,
         created_utc=datetime.now(UTC).isoformat(timespec="seconds"),
         predictor=predictor,
         excluded=excluded,
+        factors=factors,
     )
+
+
+def _fit_shift_and_factors(residual: np.ndarray, shares: np.ndarray) -> tuple[float, dict[str, float]]:
+    """The shift and component factors of the module docstring from log ratios and ``(k, C)`` shares."""
+    from scipy.optimize import least_squares
+
+    n = len(CALIBRATED_COMPONENTS)
+    lo, hi = np.log(FACTOR_RANGE)
+    bound = math.log(MAX_STEP_RATIO)
+
+    def misfit(theta: np.ndarray) -> np.ndarray:
+        shift, d = theta[0], theta[1:]
+        model = shift + np.log(np.maximum(1.0 + shares @ (np.exp(d) - 1.0), 1e-12))
+        return np.concatenate([model - residual, [math.sqrt(SHRINK_RUNS) * shift], math.sqrt(FACTOR_PRIOR_RUNS) * d])
+
+    fit = least_squares(misfit, np.zeros(n + 1), bounds=([-bound, *[lo] * n], [bound, *[hi] * n]))
+    shift = float(fit.x[0])
+    return shift, dict(zip(CALIBRATED_COMPONENTS, np.exp(shift + fit.x[1:]).tolist(), strict=True))
 
 
 def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
@@ -247,16 +311,24 @@ class CalibratedStepPredictor:
         return bool(getattr(self.base, "flags_out_of_domain", False))
 
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
-        """The base predictor's rows, step times and breakdown (``*_ms`` but ``composed_step_ms``)
-        scaled on corrected clusters, plus :data:`CALIBRATION_COLUMN`: the label of the
-        correction applied to the row, "" where none was."""
+        """The base predictor's rows with corrected clusters' times scaled, plus
+        :data:`CALIBRATION_COLUMN`: the label of the correction applied to the row, "" where
+        none was. The step, its interval and each breakdown part are multiplied by the
+        row's factor (:meth:`ClusterCorrection.row_factors`); with component factors, each
+        part by its own (so the parts still add up to the step); ``composed_step_ms`` stays."""
         frame = self.base.predict_configs(configs, coverage=coverage)
         if not len(frame):
             return frame.assign(**{CALIBRATION_COLUMN: pd.Series(dtype=object)})
         keys = [config_cluster_key(c) for c in configs]
         applied = [self.corrections.get(k) for k in keys]
-        factor = np.array([c.factor if c is not None else 1.0 for c in applied])
         timed = [c for c in frame.columns if c.endswith("_ms") and c != "composed_step_ms"]
-        frame[timed] = frame[timed].mul(factor, axis=0)
+        scale = pd.DataFrame(1.0, index=frame.index, columns=timed)
+        for correction in {id(c): c for c in applied if c is not None}.values():
+            rows = np.array([c is correction for c in applied])
+            scale.loc[rows, :] = correction.row_factors(frame.loc[rows])[:, None]
+            for part, f in correction.part_factors().items():
+                if f"{part}_ms" in scale:
+                    scale.loc[rows, f"{part}_ms"] = f
+        frame[timed] = frame[timed] * scale
         frame[CALIBRATION_COLUMN] = np.array([c.label if c is not None else "" for c in applied], dtype=object)
         return frame

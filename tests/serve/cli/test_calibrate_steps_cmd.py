@@ -74,10 +74,14 @@ def test_cli_stores_the_correction_and_predict_steps_applies_it(tmp_path, monkey
     new.to_csv(new_path, index=False)
     for out, flag in ((out_cal, "--calibration"), (out_raw, "--no-calibration")):
         args = ["predict", "steps", str(new_path), "-o", str(out), "--model", "analytic", flag, "--show", "0"]
-        assert runner.invoke(app, args).exit_code == 0
+        assert runner.invoke(app, [*args, "--breakdown"]).exit_code == 0
     cal, raw = pd.read_csv(out_cal), pd.read_csv(out_raw)
-    factor = stored[KEY].factor
+    assert set(stored[KEY].factors) == {"attention", "compute", "communication"}
+    factor = stored[KEY].row_factors(raw.iloc[:1])[0]  # the component factors over this config's breakdown
     assert cal["step_ms"].iloc[0] == pytest.approx(raw["step_ms"].iloc[0] * factor)
+    timed = [c for c in cal.columns if c.endswith("_ms")]
+    parts = [c for c in timed if c not in ("step_ms", "step_lo_ms", "step_hi_ms", "composed_step_ms")]
+    assert cal[parts].iloc[0].sum() == pytest.approx(cal["step_ms"].iloc[0])  # the parts still add up
     assert cal["step_ms"].iloc[1] == pytest.approx(raw["step_ms"].iloc[1])  # another cluster
 
 
@@ -137,7 +141,8 @@ def test_a_correction_fitted_for_one_predictor_is_not_applied_to_another(tmp_pat
     assert frame[CALIBRATION_COLUMN].tolist() == [corr.label, ""]
     bare = load_calibrated_predictor("steps", "analytic", calibration=False)
     assert not hasattr(bare, "corrections")
-    assert frame["step_ms"].iloc[0] == pytest.approx(bare.predict_configs(configs)["step_ms"].iloc[0] * corr.factor)
+    plain = bare.predict_configs(configs)
+    assert frame["step_ms"].iloc[0] == pytest.approx(plain["step_ms"].iloc[0] * corr.row_factors(plain.iloc[:1])[0])
     if (default_bundle_path() / "manifest.json").is_file():  # the shipped default is another predictor
         composed = load_calibrated_predictor("steps", "composed")
         assert not hasattr(composed, "corrections")

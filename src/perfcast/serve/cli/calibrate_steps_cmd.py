@@ -5,7 +5,9 @@ cluster are enough; see :mod:`perfcast.models.step_calibration`). Each cluster's
 predicted without calibration, screened (a row with a measured value that is not a
 positive finite time, lies more than 20x off the prediction, is an outlier among its
 cluster's runs, or is not a valid config is left out and named with its reason), a
-correction is fitted per cluster for the step predictor used and stored in the ``steps``
+correction (a shift and, from the predictor's breakdown of each run, a time factor for
+attention, the rest of the compute and exposed communication) is fitted per cluster for the
+step predictor used and stored in the ``steps``
 folder of the calibration folder (:mod:`perfcast.serve.calibration_store`), where
 ``perfcast predict steps`` with the same predictor picks it up for every later config on
 that cluster.
@@ -71,7 +73,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> StepFit:
         for pos in np.flatnonzero(given & np.isnan(measured))
     ]
     numeric = given & ~np.isnan(measured)
-    predicted = predict_steps_table(runs, predictor=predictor)
+    predicted = predict_steps_table(runs, predictor=predictor, breakdown=True)
     errors = predicted["error"].to_numpy(dtype=object)
     valid = errors == ""
     refused += [f"{labels[pos]}: not a valid config: {errors[pos]}" for pos in np.flatnonzero(numeric & ~valid)]
@@ -95,6 +97,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> StepFit:
                 model=name,
                 predictor=identity,
                 labels=[labels[pos] for pos in rows],
+                breakdown=predicted.iloc[rows],
             )
         )
     return StepFit(corrections, predicted, refused)
@@ -115,9 +118,11 @@ def calibrate_steps_command(
     Corrections are stored in the 'steps' folder of $PERFCAST_CALIBRATION_DIR if set, else
     of ~/.config/perfcast/calibration, and apply to later predictions of the same predictor
     (--model) only; each prediction row names the correction in its calibration column.
+    The table shows, per component of the step (attention, the rest of the compute, exposed
+    communication), the factor its predicted time is multiplied by.
     """
     from perfcast.data.tables import read_table
-    from perfcast.models.step_calibration import save_step_correction
+    from perfcast.models.step_calibration import CALIBRATED_COMPONENTS, save_step_correction
     from perfcast.serve.predictors import load_step_predictor
 
     with user_errors():
@@ -126,9 +131,12 @@ def calibrate_steps_command(
         fit = fit_step_corrections(runs, predictor)
         folder = store or step_calibration_dir()
         paths = [save_step_correction(corr, folder) for corr in fit.corrections]
-    table = Table("cluster", "runs used", "left out", "correction", title=f"step calibration, stored in {folder}")
+    table = Table(
+        "cluster", "runs used", "left out", *CALIBRATED_COMPONENTS, title=f"step calibration, stored in {folder}"
+    )
     for corr in fit.corrections:
-        table.add_row(corr.cluster, str(corr.n_runs), str(len(corr.excluded)), f"x{corr.factor:.3f}")
+        factors = [f"x{corr.factors.get(c, corr.factor):.3f}" for c in CALIBRATED_COMPONENTS]
+        table.add_row(corr.cluster, str(corr.n_runs), str(len(corr.excluded)), *factors)
     Console().print(table)
     for reason in [*fit.refused, *(r for corr in fit.corrections for r in corr.excluded)]:
         _err.print(f"left out of the fit: {reason}", markup=False)
