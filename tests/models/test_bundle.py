@@ -176,15 +176,6 @@ def test_round_trip_with_collective_model(tmp_path, model, data):
         np.testing.assert_array_equal(a, b)
 
 
-class _PlainOpModel:
-    """The op model behind only ``predict_with_interval`` and ``out_of_domain`` (no ``predict_flagged``)."""
-
-    def __init__(self, model):
-        self.boosters_ = model.boosters_
-        self.predict_with_interval = model.predict_with_interval
-        self.out_of_domain = model.out_of_domain
-
-
 def test_predict_ops_flagged_matches_predict_ops_and_out_of_domain(model, data):
     ops, _ = data
     coll = pd.DataFrame({"op": ["allreduce"], "bytes": [1 << 20], "n_ranks": [8], "ranks_per_node": [8],
@@ -193,17 +184,16 @@ def test_predict_ops_flagged_matches_predict_ops_and_out_of_domain(model, data):
                               "head_dim": [64], "dtype": "bf16", "gpu": "a100-pcie-40gb"})  # fmt: skip
     outside = ops.iloc[:6].assign(gpu="h100-sxm5-80gb")
     mixed = pd.concat([ops.iloc[:5], coll, outside, attention, ops.iloc[-5:]], ignore_index=True)
-    for op_model in (model, _PlainOpModel(model)):
-        bundle = OpPredictorBundle(path=None, manifest={}, op_model=op_model, collective_model=_FakeCollective())
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", OutOfDomainWarning)
-            pred, lo, hi, ood = bundle.predict_ops_flagged(mixed, coverage=0.8)
-            want = bundle.predict_ops(mixed, coverage=0.8)
-            flags = bundle.out_of_domain(mixed)
-        for got, expected in zip((pred, lo, hi), want, strict=True):
-            np.testing.assert_array_equal(got, expected)
-        np.testing.assert_array_equal(ood, flags)
-        assert ood.sum() == len(outside) and ood.dtype == bool
+    bundle = OpPredictorBundle(path=None, manifest={}, op_model=model, collective_model=_FakeCollective())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OutOfDomainWarning)
+        pred, lo, hi, ood = bundle.predict_ops_flagged(mixed, coverage=0.8)
+        want = bundle.predict_ops(mixed, coverage=0.8)
+        flags = bundle.out_of_domain(mixed)
+    for got, expected in zip((pred, lo, hi), want, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(ood, flags)
+    assert ood.sum() == len(outside) and ood.dtype == bool
     empty = OpPredictorBundle(path=None, manifest={}, op_model=model).predict_ops_flagged(mixed.iloc[:0])
     assert [len(a) for a in empty] == [0, 0, 0, 0]
 

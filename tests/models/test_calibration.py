@@ -24,15 +24,18 @@ from perfcast.models.calibration import (
     save_correction,
     shrunk_shift,
 )
+from perfcast.models.predictor_protocol import OpPrediction
 from perfcast.models.step_predictor import StepPredictor
 
 
 class _Flat:
     name = "flat"
+    has_interval = True
+    flags_out_of_domain = False
 
-    def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9):
+    def predict_ops_flagged(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> OpPrediction:
         pred = np.ones(len(ops))
-        return pred, pred * 0.8, pred * 1.25
+        return OpPrediction(pred, pred * 0.8, pred * 1.25, np.zeros(len(ops), dtype=bool))
 
 
 def _ops(n: int, op: str = "matmul", gpu: str = "h100-sxm5-80gb") -> pd.DataFrame:

@@ -251,6 +251,7 @@ class RefusingPredictor:
     """The analytic step predictor, refusing every batch that holds an A100 config."""
 
     name = "refusing"
+    flags_out_of_domain = False
 
     def __init__(self):
         from perfcast.models.step_predictor import StepPredictor

@@ -19,6 +19,7 @@ from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
 from perfcast.features.roofline import MS_PER_S, op_time_ms, roofline_time_s
 from perfcast.features.run_config import RunConfig
+from perfcast.models.predictor_protocol import OpPrediction
 
 NAME = "analytic"
 
@@ -40,9 +41,17 @@ def model_flops_per_step(config: RunConfig) -> float:
 
 
 class AnalyticOpPredictor:
-    """Op times from the roofline and alpha-beta collectives on catalog clusters (no interval)."""
+    """Op times from the roofline and alpha-beta collectives on catalog clusters (no interval,
+    never out of domain): an :class:`~perfcast.models.predictor_protocol.OpPredictor`."""
 
     name = NAME
+    has_interval = False
+    flags_out_of_domain = False
+
+    def predict_ops_flagged(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> OpPrediction:
+        """:meth:`predict_ops` with every row's out-of-domain flag False."""
+        pred, lo, hi = self.predict_ops(ops, coverage=coverage)
+        return OpPrediction(pred, lo, hi, np.zeros(len(ops), dtype=bool))
 
     def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(pred, lo, hi) in ms for checked op-table rows; lo and hi are NaN.

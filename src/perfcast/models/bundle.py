@@ -57,6 +57,7 @@ from perfcast.errors import BundleError, PerfcastError, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION
 from perfcast.features.ops import OpClass, op_classes, op_kinds
 from perfcast.models.analytic import AnalyticOpPredictor
+from perfcast.models.predictor_protocol import OpPrediction
 
 __all__ = ["MANIFEST_FILE", "OpPredictorBundle", "catalog_hash", "load_bundle", "save_bundle"]
 
@@ -71,7 +72,7 @@ FILE_HASHES = "file_sha256"
 _MODEL_SLOTS = ("op", "collective", "step")
 _HOOKS = ("save_to", "to_dict")
 _SLOT_METHODS = {
-    "op": ("predict_with_interval", "out_of_domain"),
+    "op": ("predict_flagged", "out_of_domain"),
     "collective": ("predict_with_interval",),
     "step": ("predict", "predict_interval"),
 }
@@ -108,7 +109,14 @@ def _json_default(value: Any) -> Any:
 
 @dataclass(frozen=True)
 class OpPredictorBundle:
-    """A loaded bundle: the op, collective and step models (any may be None) and the manifest."""
+    """A loaded bundle: the op, collective and step models (any may be None) and the manifest.
+
+    An :class:`~perfcast.models.predictor_protocol.OpPredictor`: intervals on the rows of a
+    learned class, out-of-domain flags on the op model's rows.
+    """
+
+    has_interval = True
+    flags_out_of_domain = True
 
     path: Path
     manifest: dict[str, Any]
@@ -139,17 +147,13 @@ class OpPredictorBundle:
         return flags
 
     def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``.
+        """Median time and ``coverage`` interval of every op-table row, ms: ``(pred, lo, hi)``,
+        the times of :meth:`predict_ops_flagged`."""
+        return self.predict_ops_flagged(ops, coverage=coverage)[:3]
 
-        See :meth:`predict_ops_flagged`, which also returns :meth:`out_of_domain`.
-        """
-        return self.predict_ops_flagged(ops, coverage)[:3]
-
-    def predict_ops_flagged(
-        self, ops: pd.DataFrame, coverage: float = 0.9
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """:meth:`predict_ops` and :meth:`out_of_domain` from one featurisation of the op
-        model's rows: ``(pred, lo, hi, ood)``, ms and bool.
+    def predict_ops_flagged(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> OpPrediction:
+        """Median time and ``coverage`` interval (ms) and :meth:`out_of_domain` flag of every
+        op-table row, from one featurisation of the op model's rows.
 
         Compute rows go to the op model, collective rows to the collective model. Rows of
         an op class the bundle learned nothing about (no attention data, no collective
@@ -165,13 +169,13 @@ class OpPredictorBundle:
         pred, lo, hi = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
         ood = np.zeros(n, dtype=bool)
         if n == 0:
-            return pred, lo, hi, ood
+            return OpPrediction(pred, lo, hi, ood)
         classes = op_classes(op_kinds(ops))
         learned = set(self.op_model.boosters_) if self.op_model is not None else set()
         by_op_model = np.isin(classes, sorted(learned - {OpClass.COLLECTIVE.value}))
         if by_op_model.any():
             rows = ops if by_op_model.all() else ops.loc[by_op_model]
-            pred[by_op_model], interval, flags = self._op_model_flagged(rows, coverage)
+            pred[by_op_model], interval, flags = self.op_model.predict_flagged(rows, coverage=coverage)
             lo[by_op_model], hi[by_op_model] = interval[:, 0], interval[:, 1]
             ood[by_op_model] = flags
         comm = (classes == OpClass.COLLECTIVE.value) & (self.collective_model is not None)
@@ -183,14 +187,7 @@ class OpPredictorBundle:
             counts = pd.Series(classes[fallback]).value_counts().to_dict()
             logger.info("no learned model for %s rows: analytic estimate, no interval", counts)
             pred[fallback], _, _ = AnalyticOpPredictor().predict_ops(ops.loc[fallback], coverage=coverage)
-        return pred, lo, hi, ood
-
-    def _op_model_flagged(self, ops: pd.DataFrame, coverage: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The op model's ``(pred, (n, 2) interval, ood)``, from one featurisation when it offers one."""
-        if hasattr(self.op_model, "predict_flagged"):
-            return self.op_model.predict_flagged(ops, coverage=coverage)
-        pred, interval = self.op_model.predict_with_interval(ops, coverage=coverage)
-        return pred, interval, np.asarray(self.op_model.out_of_domain(ops), dtype=bool)
+        return OpPrediction(pred, lo, hi, ood)
 
 
 # ----------------------------------------------------------------------------- save

@@ -109,6 +109,7 @@ from perfcast.models.correction_store import (
     write_json_atomic,
 )
 from perfcast.models.intervals import conformal_bounds, log_interval, straddle_zero
+from perfcast.models.predictor_protocol import OpPrediction, OpPredictor
 
 __all__ = [
     "CALIBRATION_COLUMN",
@@ -320,35 +321,44 @@ def fit_correction(
 class CalibratedPredictor:
     """An op predictor with per-GPU corrections applied to the rows of those GPUs.
 
-    Only corrections fitted for ``base`` (:func:`predictor_identity`) are kept; the others
-    are logged once and ignored.
+    Wraps an :class:`~perfcast.models.predictor_protocol.OpPredictor` and is one: the base's
+    interval and flags, its times corrected. Only corrections fitted for ``base``
+    (:func:`predictor_identity`) are kept; the others are logged once and ignored.
     """
 
     def __init__(
-        self, base: Any, corrections: Mapping[str, GpuCorrection], *, where: str = "the given corrections"
+        self, base: OpPredictor, corrections: Mapping[str, GpuCorrection], *, where: str = "the given corrections"
     ) -> None:
         self.base = base
         self.identity = predictor_identity(base)
         self.corrections = applicable(corrections, self.identity, where, "op")
-        base_name = getattr(base, "name", "model")
-        self.name = f"{base_name}+calibrated" if self.corrections else str(base_name)
+        self.name = f"{base.name}+calibrated" if self.corrections else str(base.name)
 
-    def out_of_domain(self, ops: pd.DataFrame) -> np.ndarray:
-        """The base predictor's out-of-domain flags (all False when it has none)."""
-        flags = getattr(self.base, "out_of_domain", None)
-        return flags(ops) if flags is not None else np.zeros(len(ops), dtype=bool)
+    @property
+    def has_interval(self) -> bool:
+        """Whether the base predictor gives an interval."""
+        return self.base.has_interval
+
+    @property
+    def flags_out_of_domain(self) -> bool:
+        """Whether the base predictor flags rows out of domain."""
+        return self.base.flags_out_of_domain
 
     def predict_ops(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(pred, lo, hi) in ms, corrected on the GPUs that have a correction."""
-        pred, lo, hi = (np.array(a, dtype=float) for a in self.base.predict_ops(ops, coverage=coverage))
-        if not self.corrections or not len(ops):
-            return pred, lo, hi
-        gpus = ops["gpu"].astype(str).to_numpy()
-        for gpu, corr in self.corrections.items():
-            on = np.flatnonzero(gpus == gpu)
-            if len(on):
-                pred[on], lo[on], hi[on] = corr.correct(ops.iloc[on], pred[on], lo[on], hi[on], coverage=coverage)
-        return pred, lo, hi
+        """(pred, lo, hi) in ms, the times of :meth:`predict_ops_flagged`."""
+        return self.predict_ops_flagged(ops, coverage=coverage)[:3]
+
+    def predict_ops_flagged(self, ops: pd.DataFrame, *, coverage: float = 0.9) -> OpPrediction:
+        """The base predictor's prediction, times corrected on the GPUs that have a correction."""
+        base = self.base.predict_ops_flagged(ops, coverage=coverage)
+        pred, lo, hi = (np.array(a, dtype=float) for a in base[:3])
+        if self.corrections and len(ops):
+            gpus = ops["gpu"].astype(str).to_numpy()
+            for gpu, corr in self.corrections.items():
+                on = np.flatnonzero(gpus == gpu)
+                if len(on):
+                    pred[on], lo[on], hi[on] = corr.correct(ops.iloc[on], pred[on], lo[on], hi[on], coverage=coverage)
+        return OpPrediction(pred, lo, hi, np.asarray(base.out_of_domain, dtype=bool))
 
     def applied_calibrations(self, ops: pd.DataFrame) -> np.ndarray:
         """Per row of ``ops`` (as passed to :meth:`predict_ops`), the :attr:`GpuCorrection.label`

@@ -36,6 +36,7 @@ from perfcast.features.run_config import RunConfig
 from perfcast.features.run_features import featurize_runs
 from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
+from perfcast.models.predictor_protocol import OpPredictor
 
 __all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "step_model_inputs"]
 
@@ -58,43 +59,43 @@ def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[
 
 
 class StepPredictor:
-    """Composed step times of run configs, corrected by ``step_model`` when one is given.
+    """Composed step times of run configs, corrected by ``step_model`` when one is given: a
+    :class:`~perfcast.models.predictor_protocol.StepTimePredictor`.
 
     Args:
-        op_predictor: times compute nodes (``predict_ops(ops, coverage) -> (pred, lo, hi)``, ms).
+        op_predictor: times compute nodes.
         collective_predictor: times collective nodes; None uses alpha-beta on the cluster.
         step_model: a fitted step model (see the module docstring) or None.
         name: how predictions name this predictor.
-        interval: False for predictors that give no interval (the analytic one): the
-            bounds are then NaN rather than a zero-width interval.
+
+    Without a step model, the step bounds are NaN when the op predictor gives no interval
+    (``has_interval`` False), rather than the zero-width interval its NaN bounds compose to.
     """
 
     def __init__(
         self,
-        op_predictor: Any,
+        op_predictor: OpPredictor,
         collective_predictor: Any = None,
         step_model: Any = None,
         *,
         name: str = "composed",
-        interval: bool = True,
     ) -> None:
         self.op_predictor = op_predictor
         self.collective_predictor = collective_predictor
         self.step_model = step_model
         self.name = name
-        self.interval = interval
 
     @property
     def flags_out_of_domain(self) -> bool:
-        """Whether predictions carry an ``out_of_domain`` column (the op predictor can tell)."""
-        return hasattr(self.op_predictor, "out_of_domain")
+        """Whether predictions carry an ``out_of_domain`` column (the op predictor can flag rows)."""
+        return self.op_predictor.flags_out_of_domain
 
     @classmethod
     def analytic(cls) -> StepPredictor:
         """Roofline op times and alpha-beta collectives composed, no learning, no interval."""
         from perfcast.models.analytic import NAME, AnalyticOpPredictor
 
-        return cls(AnalyticOpPredictor(), name=NAME, interval=False)
+        return cls(AnalyticOpPredictor(), name=NAME)
 
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """One row per config, in order: ``step_ms, step_lo_ms, step_hi_ms``, ``composed_step_ms``
@@ -121,7 +122,7 @@ class StepPredictor:
             pred = np.asarray(self.step_model.predict(X), dtype=float)
             interval = np.asarray(self.step_model.predict_interval(X, coverage=coverage), dtype=float)
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]
-        if not self.interval:
+        if self.step_model is None and not self.op_predictor.has_interval:
             frame["step_lo_ms"] = frame["step_hi_ms"] = np.nan
         ceiling = getattr(self.step_model, "mfu_ceiling_", None) or MFUCeiling()
         frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(

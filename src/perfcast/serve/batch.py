@@ -11,7 +11,6 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
@@ -38,7 +37,9 @@ from perfcast.features.run_config import DEFAULTED_COLUMN, RunConfig, parse_run_
 from perfcast.features.run_features import COMM_GROUPS
 from perfcast.features.workload import fabric_level, group_placement
 from perfcast.models import analytic
+from perfcast.models.calibration import CalibratedPredictor
 from perfcast.models.correction_store import CALIBRATION_COLUMN
+from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
 logger = logging.getLogger(__name__)
@@ -46,14 +47,6 @@ logger = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int], None]
 """Called with the number of rows just finished."""
-
-
-class OpPredictor(Protocol):
-    """What batch op prediction needs: a name and (pred, lo, hi) in ms for checked rows."""
-
-    name: str
-
-    def predict_ops(self, ops: pd.DataFrame, *, coverage: float = DEFAULT_COVERAGE) -> tuple[Any, Any, Any]: ...
 
 
 def _refuse_implausible(out: pd.DataFrame, positions: list[int], times_ms: np.ndarray, columns: Iterable[str]) -> None:
@@ -76,14 +69,6 @@ def _error_frame(df: pd.DataFrame, columns: Iterable[str]) -> pd.DataFrame:
         out[col] = np.nan
     out[ERROR_COLUMN] = ""
     return out
-
-
-class StepPredictorLike(Protocol):
-    """What batch step prediction needs: a name and one frame row per checked config."""
-
-    name: str
-
-    def predict_configs(self, configs: list[RunConfig], *, coverage: float = DEFAULT_COVERAGE) -> pd.DataFrame: ...
 
 
 MEMORY_PART_COLUMNS = ("weights_gib", "grads_gib", "optimizer_gib", "activations_gib")
@@ -132,7 +117,7 @@ STEP_CHUNK_ROWS = 50_000
 def predict_steps_table(
     runs: pd.DataFrame,
     *,
-    predictor: StepPredictorLike | None = None,
+    predictor: StepTimePredictor | None = None,
     coverage: float = DEFAULT_COVERAGE,
     breakdown: bool = False,
     progress: ProgressFn | None = None,
@@ -164,7 +149,7 @@ def predict_steps_table(
     runs = drop_output_columns(runs, STEP_OUTPUT_NAMES)
     out = _error_frame(runs, RUN_OUTPUT_COLUMNS)
     out["fits_memory"] = out["fits_memory"].astype(object)
-    if getattr(predictor, "flags_out_of_domain", False):  # the same columns for every batch of a predictor
+    if predictor.flags_out_of_domain:  # the same columns for every batch of a predictor
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     out.insert(out.columns.get_loc(ERROR_COLUMN), CALIBRATION_COLUMN, np.full(len(out), "", dtype=object))
     positions: list[int] = []
@@ -233,7 +218,7 @@ def _write_defaulted(out: pd.DataFrame, positions: list[int], configs: list[RunC
 
 
 def _predict_chunk(
-    predictor: StepPredictorLike,
+    predictor: StepTimePredictor,
     chunk: list[RunConfig],
     pos: list[int],
     coverage: float,
@@ -423,8 +408,7 @@ def predict_ops_table(
     predictor = predictor or analytic.AnalyticOpPredictor()
     ops = drop_output_columns(ops, OP_OUTPUT_NAMES)
     out = _error_frame(ops, OP_OUTPUT_COLUMNS)
-    flag_rows = getattr(predictor, "out_of_domain", None)
-    if flag_rows is not None:  # the same columns for every batch of a predictor, even one with no valid row
+    if predictor.flags_out_of_domain:  # the same columns for every batch of a predictor, even one with no valid row
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     out.insert(out.columns.get_loc(ERROR_COLUMN), CALIBRATION_COLUMN, np.full(len(out), "", dtype=object))
     good: list[int] = []
@@ -438,16 +422,15 @@ def predict_ops_table(
         rows = _checked_op_rows(ops.iloc[good])
         with warnings.catch_warnings():  # reported once below, per row in the out_of_domain column
             warnings.simplefilter("ignore", OutOfDomainWarning)
-            pred, lo, hi = predictor.predict_ops(rows, coverage=coverage)
-        pred, lo, hi = (np.asarray(v, dtype=float) for v in (pred, lo, hi))
+            prediction = predictor.predict_ops_flagged(rows, coverage=coverage)
+        pred, lo, hi = (np.asarray(v, dtype=float) for v in prediction[:3])
         for col, values in zip(OP_OUTPUT_COLUMNS, (pred, lo, hi), strict=True):
             out.iloc[good, out.columns.get_loc(col)] = values
         _refuse_implausible(out, good, pred, OP_OUTPUT_COLUMNS)
-        applied = getattr(predictor, "applied_calibrations", None)
-        if applied is not None:
-            out.iloc[good, out.columns.get_loc(CALIBRATION_COLUMN)] = np.asarray(applied(rows), dtype=object)
-        if flag_rows is not None:
-            flags = np.asarray(flag_rows(rows), dtype=bool)
+        if isinstance(predictor, CalibratedPredictor):  # names the correction of each row
+            out.iloc[good, out.columns.get_loc(CALIBRATION_COLUMN)] = predictor.applied_calibrations(rows)
+        if predictor.flags_out_of_domain:
+            flags = np.asarray(prediction.out_of_domain, dtype=bool)
             if flags.any():
                 warnings.warn(
                     f"{int(flags.sum())} of {len(rows)} rows lie outside the predictor's training range "

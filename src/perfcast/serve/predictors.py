@@ -22,6 +22,7 @@ from typing import Any
 from perfcast.errors import BundleError, SpecError
 from perfcast.models.analytic import NAME as ANALYTIC
 from perfcast.models.analytic import AnalyticOpPredictor
+from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.serve.calibration_store import calibration_dir, step_calibration_dir
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def default_bundle_path() -> Path:
     return Path(str(resources.files("perfcast.models").joinpath("default_bundle")))
 
 
-def load_op_predictor(ref: str | None = None) -> Any:
+def load_op_predictor(ref: str | None = None) -> OpPredictor:
     """The op predictor named by ``ref`` (see the module docstring).
 
     Raises:
@@ -78,7 +79,7 @@ def _load_mlflow(uri: str) -> Any:
     return bundle
 
 
-def load_step_predictor(ref: str | None = None) -> Any:
+def load_step_predictor(ref: str | None = None) -> StepTimePredictor:
     """The step predictor named by ``ref``: ``analytic``, ``composed`` (the default op
     bundle composed, no step model), a bundle folder or an MLflow URI; None is the
     shipped default bundle.
@@ -86,20 +87,24 @@ def load_step_predictor(ref: str | None = None) -> Any:
     Raises:
         BundleError: as :func:`load_op_predictor`.
     """
+    from perfcast.models.bundle import OpPredictorBundle
     from perfcast.models.step_predictor import StepPredictor
 
     if ref == ANALYTIC:
         return StepPredictor.analytic()
     if ref == COMPOSED:
-        bundle = load_op_predictor(None)
-        return StepPredictor(bundle, getattr(bundle, "collective_model", None), name=f"composed:{bundle.name}")
+        ops = load_op_predictor(None)
+        collective = ops.collective_model if isinstance(ops, OpPredictorBundle) else None
+        return StepPredictor(ops, collective, name=f"composed:{ops.name}")
     predictor = load_op_predictor(ref)
-    if isinstance(predictor, AnalyticOpPredictor):  # no default bundle shipped
+    if not isinstance(predictor, OpPredictorBundle):  # no default bundle shipped
         return StepPredictor.analytic()
     return predictor.step_predictor()
 
 
-def with_calibrations(predictor: Any, kind: str, calibration: bool = True, *, folder: str | Path | None = None) -> Any:
+def with_calibrations(
+    predictor: OpPredictor | StepTimePredictor, kind: str, calibration: bool = True, *, folder: str | Path | None = None
+) -> OpPredictor | StepTimePredictor:
     """``predictor`` (an ``ops`` or ``steps`` predictor) with the stored corrections fitted for it.
 
     The corrections are read from ``folder`` (default: :func:`calibration_dir`; step
@@ -144,7 +149,7 @@ def with_calibrations(predictor: Any, kind: str, calibration: bool = True, *, fo
 
 def load_calibrated_predictor(
     kind: str, ref: str | None, calibration: bool = True, *, folder: str | Path | None = None
-) -> Any:
+) -> OpPredictor | StepTimePredictor:
     """The ``steps`` or ``ops`` predictor of ``ref`` (:func:`load_step_predictor`,
     :func:`load_op_predictor`) with its stored calibrations applied when ``calibration``
     (:func:`with_calibrations`). The one loader of the CLI, the HTTP service, the MLflow

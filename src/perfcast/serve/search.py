@@ -25,7 +25,8 @@ from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
 from perfcast.features.parallel import Finetune
-from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, StepPredictorLike, predict_steps_table
+from perfcast.models.predictor_protocol import StepTimePredictor
+from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
 
 DEFAULT_MAX_LAYOUTS = 200_000
 """Most layouts one search enumerates by default (every GPU type together)."""
@@ -48,7 +49,7 @@ def search_layouts(
     num_gpus: int,
     global_batch: int,
     *,
-    predictor: StepPredictorLike,
+    predictor: StepTimePredictor,
     gpus_per_node: int | None = None,
     inter_node: str | None = None,
     seq_len: int | None = None,
