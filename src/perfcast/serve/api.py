@@ -49,6 +49,7 @@ from perfcast.data.tables import ERROR_COLUMN
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
 from perfcast.features.run_config import DEFAULTED_COLUMN, RUN_BOOL_FIELDS, RUN_INPUT_FIELDS, RUN_INT_FIELDS
+from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.serve.batch import (
     DEFAULT_COVERAGE,
     OP_OUTPUT_NAMES,
@@ -273,7 +274,11 @@ def _records(given: list[dict[str, Any]], frame: pd.DataFrame) -> list[dict[str,
 
 
 def _prediction_response(
-    predictor: Any, coverage: float, given: list[dict[str, Any]], out: pd.DataFrame, notes: list[str]
+    predictor: OpPredictor | StepTimePredictor,
+    coverage: float,
+    given: list[dict[str, Any]],
+    out: pd.DataFrame,
+    notes: list[str],
 ) -> Response:
     """A :class:`PredictionResponse` of the predicted table ``out`` for the rows ``given``."""
     return _json_response({

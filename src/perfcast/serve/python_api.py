@@ -18,6 +18,7 @@ import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.data.tables import read_table
+from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, predict_ops_table, predict_steps_table
 from perfcast.serve.predictors import KINDS, load_calibrated_predictor
 
@@ -25,7 +26,9 @@ Table = pd.DataFrame | str | Path
 """A run or op table, or the path of one."""
 
 
-def load_predictor(kind: str = "steps", model: str | None = None, *, calibration: bool = True) -> Any:
+def load_predictor(
+    kind: str = "steps", model: str | None = None, *, calibration: bool = True
+) -> OpPredictor | StepTimePredictor:
     """The ``steps`` or ``ops`` predictor named by ``model`` (``None``: the shipped default;
     ``analytic``; ``composed`` for steps; a bundle folder; an MLflow model URI), with its
     stored calibrations unless ``calibration=False``.
@@ -37,7 +40,9 @@ def load_predictor(kind: str = "steps", model: str | None = None, *, calibration
     return load_calibrated_predictor(kind, model, calibration)
 
 
-def _predictor(kind: str, model: Any, calibration: bool) -> Any:
+def _predictor(
+    kind: str, model: str | OpPredictor | StepTimePredictor | None, calibration: bool
+) -> OpPredictor | StepTimePredictor:
     """``model`` itself when it is a loaded predictor, else the one it names."""
     if model is None or isinstance(model, str):
         return load_predictor(kind, model, calibration=calibration)
@@ -50,7 +55,7 @@ def _table(table: Table) -> pd.DataFrame:
 
 def predict_steps(
     runs: Table,
-    model: Any = None,
+    model: str | StepTimePredictor | None = None,
     coverage: float = DEFAULT_COVERAGE,
     breakdown: bool = False,
     *,
@@ -76,7 +81,7 @@ def predict_steps(
 
 
 def predict_ops(
-    ops: Table, model: Any = None, coverage: float = DEFAULT_COVERAGE, *, calibration: bool = True
+    ops: Table, model: str | OpPredictor | None = None, coverage: float = DEFAULT_COVERAGE, *, calibration: bool = True
 ) -> pd.DataFrame:
     """Predict every row of an op table: the rows with ``pred_ms``, ``pred_lo_ms``,
     ``pred_hi_ms``, ``calibration`` and ``error`` (arguments as :func:`predict_steps`)."""
@@ -90,7 +95,7 @@ def search(
     num_gpus: int,
     global_batch: int,
     *,
-    predictor: Any = None,
+    predictor: str | StepTimePredictor | None = None,
     calibration: bool = True,
     dtype: str = "bf16",
     **options: Any,
