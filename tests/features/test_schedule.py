@@ -9,7 +9,14 @@ from perfcast.features.hardware import ClusterSpec
 from perfcast.features.model import ModelSpec
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.roofline import op_time_ms
-from perfcast.features.schedule import StepBreakdown, compose_step, compose_steps, exposed_time_ms
+from perfcast.features.schedule import (
+    HOST_MS_PER_KERNEL,
+    BodyTemplate,
+    StepBreakdown,
+    StepPlan,
+    compose_step,
+    step_breakdowns,
+)
 from perfcast.features.workload import WorkloadGraph, build_workload_graph
 
 GPT = ModelSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
@@ -71,9 +78,7 @@ def test_comm_shorter_than_its_overlapped_compute_adds_nothing():
     free = compose_step(g, _cp_times(g, 0.0))
     assert hidden.step_ms == pytest.approx(free.step_ms, rel=1e-12)
     assert hidden.comm_ms.get("cp", 0.0) == 0.0
-    exposed = exposed_time_ms(g, _cp_times(g, 3.0))
-    cp_nodes = (g.nodes["group"] == "cp").to_numpy()
-    assert (exposed[cp_nodes] == 0).all()
+    assert hidden.compute_ms + hidden.attention_ms == pytest.approx(free.compute_ms + free.attention_ms, rel=1e-12)
 
 
 def test_comm_longer_than_its_overlapped_compute_adds_the_excess():
@@ -199,13 +204,18 @@ def test_interleaved_transfers_longer_than_the_stage_compute_are_exposed():
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 @pytest.mark.parametrize("overlap", [False, True])
-def test_compose_steps_equals_compose_step_per_array(name, overlap):
+def test_step_plan_of_several_arrays_equals_compose_step_per_array(name, overlap):
     model = GPT.model_copy(update={"num_experts": 4, "top_k": 2}) if name == "moe" else GPT
     g, cluster = _setup(model, **CONFIGS[name])
     base = op_time_ms(g.nodes, cluster)
     rng = np.random.default_rng(0)
     arrays = [base, base * rng.uniform(0.5, 1.0, len(base)), base.copy(), base * rng.uniform(1.0, 3.0, len(base))]
-    steps = compose_steps(g, arrays, overlap_grad_reduce=overlap)
+    plan = StepPlan.from_graphs(
+        [g], overlap_grad_reduce=[overlap], overlap_param_gather=[False], host_ms_per_kernel=[HOST_MS_PER_KERNEL]
+    )
+    parts = plan.compose(arrays)
+    assert parts[2] is parts[0]  # an equal array reuses the columns
+    steps = [step_breakdowns(p)[0] for p in parts]
     assert steps == [compose_step(g, a, overlap_grad_reduce=overlap) for a in arrays]
     assert steps[1].step_ms < steps[0].step_ms == steps[2].step_ms < steps[3].step_ms
 
@@ -230,35 +240,44 @@ BODY_LAYOUTS = [
 ]
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_body_plan_equals_compose_step(overlap):
-    """Many graphs composed at once, each with its own node times and microbatch count."""
-    from perfcast.features.schedule import BodyPlan, BodyTemplate
-    from perfcast.features.workload import Scope
+def _composed_together(
+    graphs: list[WorkloadGraph], bodies: list[BodyTemplate], times: list[np.ndarray], host_ms: float, **switches
+) -> list[StepBreakdown]:
+    """The graphs composed by one :class:`StepPlan` over ``bodies`` (a template may repeat), each its own config."""
+    step = np.concatenate([g.column("scope") == "step" for g in graphs])
+    index = np.arange(len(graphs))
+    plan = StepPlan(
+        bodies,
+        {name: np.concatenate([g.column(name) for g in graphs])[step] for name in ("op", "name")},
+        [g.num_nodes - b.num_nodes for g, b in zip(graphs, bodies, strict=True)],
+        body_of=index,
+        steps_of=index,
+        num_microbatches=np.array([g.num_microbatches for g in graphs]),
+        host_ms_per_kernel=np.full(len(graphs), host_ms),
+        **{name: np.asarray(values, dtype=bool) for name, values in switches.items()},
+        body_rows=np.flatnonzero(~step),
+        step_rows=np.flatnonzero(step),
+    )
+    return step_breakdowns(plan.compose([np.concatenate(times)])[0])
 
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_plan_of_many_graphs_equals_composing_each_alone(overlap):
+    """Many graphs composed at once, each with its own node times, microbatch count and switches."""
     rng = np.random.default_rng(0)
     graphs = [_setup(**layout)[0] for layout in BODY_LAYOUTS]
     graphs += graphs[::-1]  # a template repeated, with other node times
     times = [rng.uniform(0.0, 2.0, g.num_nodes) for g in graphs]
     templates = {id(g): BodyTemplate.from_graph(g) for g in graphs}
-    plan = BodyPlan([templates[id(g)] for g in graphs], overlap_grad_reduce=overlap)
-    body = [t[g.column("scope") != Scope.STEP] for g, t in zip(graphs, times, strict=True)]
-    step = [t[g.column("scope") == Scope.STEP] for g, t in zip(graphs, times, strict=True)]
-    is_opt = [g.column("op")[g.column("scope") == Scope.STEP] == "optimizer" for g in graphs]
-    got = plan.finish(
-        plan.stages(np.concatenate(body), 0.2),  # a host floor that binds for some stages
-        np.arange(len(graphs)),
-        np.array([g.num_microbatches for g in graphs]),
-        np.array([s[~o].sum() for s, o in zip(step, is_opt, strict=True)]),
-        np.array([s[o].sum() for s, o in zip(step, is_opt, strict=True)]),
-    )
-    for i, (g, t) in enumerate(zip(graphs, times, strict=True)):
-        expected = compose_step(g, t, overlap_grad_reduce=overlap, host_ms_per_kernel=0.2)
-        assert got["step_ms"][i] == pytest.approx(expected.step_ms, rel=1e-12)
-        for name, value in expected.as_row().items():
-            assert got[name][i] == pytest.approx(value, rel=1e-12, abs=1e-12), name
-        absent = [k for k in got if k.startswith("comm_") and k.removeprefix("comm_")[:-3] not in expected.comm_ms]
-        assert all(np.isnan(got[k][i]) for k in absent)
+    gather = [i % 3 == 0 for i in range(len(graphs))]
+    got = _composed_together(graphs, [templates[id(g)] for g in graphs], times, 1.0,  # a floor binding some stages
+                             overlap_grad_reduce=[overlap] * len(graphs), overlap_param_gather=gather)  # fmt: skip
+    for g, t, step, gathered in zip(graphs, times, got, gather, strict=True):
+        assert step == compose_step(
+            g, t, overlap_grad_reduce=overlap, overlap_param_gather=gathered, host_ms_per_kernel=1
+        )
+    assert any(s.host_stall_ms > 0 for s in got) and any(s.host_stall_ms == 0 for s in got)
+    assert len({frozenset(s.comm_ms) for s in got}) > 2  # configs of different process groups side by side
 
 
 # ------------------------------------------------------------------ uneven pipeline stages
@@ -315,9 +334,7 @@ def test_the_slowest_uneven_stage_sets_the_steady_state():
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-def test_body_plan_equals_compose_step_for_uneven_stages(overlap):
-    from perfcast.features.schedule import BodyPlan, BodyTemplate
-
+def test_a_plan_of_many_graphs_equals_composing_each_alone_for_uneven_stages(overlap):
     mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 512})
     graphs = [
         _setup(GPT.model_copy(update={"num_layers": 7}), pp=3, dp=2, global_batch=6, zero_stage=1)[0],
@@ -327,16 +344,8 @@ def test_body_plan_equals_compose_step_for_uneven_stages(overlap):
     ]
     assert [g.stage_layers is None for g in graphs] == [False, False, False, True]
     times = [np.random.default_rng(i).uniform(0.01, 1.0, g.num_nodes) for i, g in enumerate(graphs)]
-    bodies = [BodyTemplate.from_graph(g) for g in graphs]
-    plan = BodyPlan(bodies, overlap_grad_reduce=overlap)
-    body_ms = np.concatenate([t[: b.num_nodes] for t, b in zip(times, bodies, strict=True)])
-    stages = plan.stages(body_ms)
-    step = [t[b.num_nodes :] for t, b in zip(times, bodies, strict=True)]
-    is_opt = [g.column("op")[b.num_nodes :] == "optimizer" for g, b in zip(graphs, bodies, strict=True)]
-    sync = np.array([s[~o].sum() for s, o in zip(step, is_opt, strict=True)])
-    optim = np.array([s[o].sum() for s, o in zip(step, is_opt, strict=True)])
-    got = plan.finish(stages, np.arange(4), np.array([g.num_microbatches for g in graphs]), sync, optim)
-    for i, (g, t) in enumerate(zip(graphs, times, strict=True)):
-        expected = compose_step(g, t, overlap_grad_reduce=overlap)
-        assert got["step_ms"][i] == pytest.approx(expected.step_ms, rel=1e-12)
-        assert got["bubble_ms"][i] == pytest.approx(expected.bubble_ms, rel=1e-12)
+    gather = [True, False, True, False]
+    got = _composed_together(graphs, [BodyTemplate.from_graph(g) for g in graphs], times, HOST_MS_PER_KERNEL,
+                             overlap_grad_reduce=[overlap] * 4, overlap_param_gather=gather)  # fmt: skip
+    for g, t, step, gathered in zip(graphs, times, got, gather, strict=True):
+        assert step == compose_step(g, t, overlap_grad_reduce=overlap, overlap_param_gather=gathered)

@@ -165,16 +165,6 @@ class StepBreakdown:
         return row
 
 
-def exposed_time_ms(graph: WorkloadGraph, op_ms: np.ndarray) -> np.ndarray:
-    """Time each node adds to its stream's critical path per occurrence, ms (see the overlap
-    rules; a prefetched gather's: that of a layer after the first)."""
-    op_ms = np.asarray(op_ms, dtype=float)
-    overlap = graph.column("overlap_with").astype(int)
-    layer_pass = _layer_pass(_layer_kind(graph.column("scope")), graph.column("phase") != Phase.FORWARD)
-    budget = _prefetch_budget(layer_pass, graph.column("stream") == COMPUTE, np.zeros(len(overlap), np.int64), 1)
-    return _exposed(overlap, op_ms, budget)[0]
-
-
 def _layer_kind(scope: np.ndarray) -> np.ndarray:
     """Per node: 0 in a dense layer, 2 in an MoE layer, -1 elsewhere."""
     return np.where(scope == Scope.LAYER, 0, np.where(scope == Scope.MOE_LAYER, 2, -1))
@@ -196,167 +186,21 @@ def _prefetch_budget(
 
 
 def _exposed(
-    overlap: np.ndarray, op_ms: np.ndarray, budget: tuple[np.ndarray, np.ndarray, int], repeat: np.ndarray | None = None
+    overlap: np.ndarray, op_ms: np.ndarray, budget: tuple[np.ndarray, np.ndarray, int], repeat: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per node, the time exposed at each occurrence and, for prefetched gathers, the part
     exposed once per microbatch and pass (the first layer's: ``min(g, C)``, None when no
-    node is prefetched), ms; see the module rules."""
+    node is prefetched), ms; see the module rules. ``repeat``: each node's occurrences per layer."""
     hidden_by = np.where(overlap >= 0, op_ms[np.clip(overlap, 0, None)], 0.0)
     prefetched = overlap == OVERLAP_PREVIOUS_LAYER
     once = None
     if prefetched.any():
         index, counts, size = budget
-        work = op_ms if repeat is None else op_ms * repeat
+        work = op_ms * repeat
         layer_ms = np.bincount(index[counts], work[counts], minlength=size)
         hidden_by = np.where(prefetched, layer_ms[np.clip(index, 0, None)], hidden_by)
         once = np.where(prefetched, np.minimum(op_ms, hidden_by), 0.0)
     return np.maximum(op_ms - hidden_by, 0.0), once
-
-
-class _Plan:
-    """What composing a graph needs besides the node times: masks and multiplicities, computed once."""
-
-    def __init__(self, graph: WorkloadGraph, overlap_grad_reduce: bool, overlap_param_gather: bool = False) -> None:
-        self.graph = graph
-        self.uneven = BodyPlan([BodyTemplate.from_graph(graph)], overlap_grad_reduce=overlap_grad_reduce) if (
-            graph.stage_layers is not None
-        ) else None  # fmt: skip
-        self.overlap = graph.column("overlap_with").astype(int)
-        phase = graph.column("phase")
-        self.layer_pass = _layer_pass(_layer_kind(graph.column("scope")), phase != Phase.FORWARD)
-        self.forward = phase == Phase.FORWARD
-        self.budget = _prefetch_budget(self.layer_pass, graph.column("stream") == COMPUTE,
-                                       np.zeros(graph.num_nodes, np.int64), 1)  # fmt: skip
-        self.repeat = graph.column("repeat").astype(float)
-        scope = graph.column("scope")
-        per_scope = graph.scope_multiplicity()
-        self.mult = np.array([per_scope[s] for s in scope], dtype=float)
-        self.kernels = self.repeat * self.mult
-        self.body = np.isin(scope, [Scope.LAYER, Scope.MOE_LAYER, Scope.STAGE])
-        self.first, self.last = scope == Scope.FIRST_STAGE, scope == Scope.LAST_STAGE
-        groups = graph.column("group")
-        self.pp_xfer = groups == Group.PP
-        self.overlap_p2p = graph.vpp > 1 and graph.pp > 1
-        self.on_stage = self.body & ~self.pp_xfer if self.overlap_p2p else self.body
-        self.comm = graph.column("stream") != COMPUTE
-        self.attention = _attention_nodes(graph.column("name"), self.comm)
-        self.groups = groups
-        step = scope == Scope.STEP
-        is_optimizer = graph.column("op") == "optimizer"
-        self.dp_sync = step & ~is_optimizer
-        self.optimizer = step & is_optimizer
-        self.param_gather = step & np.char.endswith(graph.column("name").astype(str), PARAM_GATHER_SUFFIX)
-        self.not_forward = graph.column("phase") != Phase.FORWARD if overlap_grad_reduce else None
-        self.overlap_grad_reduce = overlap_grad_reduce
-        self.overlap_param_gather = overlap_param_gather
-
-    def compose(self, op_ms: np.ndarray, host_ms_per_kernel: float) -> StepBreakdown:
-        graph = self.graph
-        op_ms = np.asarray(op_ms, dtype=float)
-        exposed, once = _exposed(self.overlap, op_ms, self.budget, self.repeat)
-        exposed = exposed * self.repeat
-        weighted = exposed * self.mult
-        if once is not None:  # prefetched gathers: the first layer's part, once per microbatch
-            weighted = weighted + once * self.repeat * (self.mult > 0)
-        kernels = self.kernels
-
-        def total(mask: np.ndarray, values: np.ndarray = weighted) -> float:
-            return float(values[mask].sum())
-
-        if self.uneven is not None:  # ranks of their own layers: the vectorised rule, one body
-            n = len(self.uneven.seg)
-            stages = self.uneven.stages(np.asarray(op_ms, dtype=float)[:n], host_ms_per_kernel)
-            parts = self.uneven.finish(stages, np.zeros(1, dtype=np.int64), np.array([graph.num_microbatches]),
-                                       np.array([total(self.dp_sync)]), np.array([total(self.optimizer)]),
-                                       param_gather_ms=np.array([total(self.param_gather)]),
-                                       overlap_param_gather=np.array([self.overlap_param_gather]))  # fmt: skip
-            comm = {k[len("comm_") : -len("_ms")]: float(v[0]) for k, v in parts.items() if k.startswith("comm_")}
-            return StepBreakdown(
-                step_ms=float(parts["step_ms"][0]),
-                compute_ms=float(parts["compute_ms"][0]),
-                bubble_ms=float(parts["bubble_ms"][0]),
-                dp_sync_ms=float(parts["dp_sync_ms"][0]),
-                optimizer_ms=float(parts["optimizer_ms"][0]),
-                comm_ms={group: ms for group, ms in comm.items() if not np.isnan(ms)},
-                host_stall_ms=graph.num_microbatches * float(stages["stall_ms"][0]),
-                attention_ms=float(parts["attention_ms"][0]),
-            )
-
-        body, first, last, pp_xfer, overlap_p2p = self.body, self.first, self.last, self.pp_xfer, self.overlap_p2p
-        stage_body, stage_first, stage_last = total(self.on_stage), total(first), total(last)
-        if graph.pp == 1:
-            gpu = np.array([stage_body + stage_first + stage_last])
-            busiest = body | first | last
-        else:
-            gpu = np.full(graph.pp, stage_body)
-            gpu[0] += stage_first
-            gpu[-1] += stage_last
-            busiest = body | (first if stage_first >= stage_last else last)
-        xfer = total(body & pp_xfer) if overlap_p2p else 0.0
-        exposed_xfer = np.maximum(xfer - gpu, 0.0)  # interleaved p2p: only what outlasts the compute
-        gpu = gpu + exposed_xfer
-        n_kernels = np.full(graph.pp, total(body, kernels))
-        n_kernels[0] += total(first, kernels) if graph.pp > 1 else total(first | last, kernels)
-        n_kernels[-1] += total(last, kernels) if graph.pp > 1 else 0.0
-        stages = np.maximum(gpu, n_kernels * host_ms_per_kernel)
-        slowest = int(np.argmax(stages))
-
-        m = graph.num_microbatches
-        fill_drain = (graph.pp - 1) * xfer / graph.vpp  # (pp - 1) * (t_fwd + t_bwd), see the rules
-        pipeline = m * stages.max() + (stages.sum() - stages.max()) / graph.vpp + fill_drain
-        bubble = pipeline - m * stages.max()
-
-        timed = busiest & ~pp_xfer if overlap_p2p else busiest
-        timed_comm = timed & self.comm
-        comm_ms: dict[str, float] = {}
-        for group in sorted(set(self.groups[timed_comm])):
-            comm_ms[group] = m * total(timed_comm & (self.groups == group))
-        if overlap_p2p:
-            comm_ms[Group.PP] = m * float(exposed_xfer[slowest])
-        attention_ms = m * total(self.on_stage & self.attention)  # attention cores sit in the layers
-        compute_ms = m * float(stages[slowest]) - sum(comm_ms.values()) - attention_ms  # plus the host stall
-
-        dp_sync = total(self.dp_sync)
-        if self.overlap_grad_reduce:
-            last_backward = total(busiest & self.not_forward)
-            dp_sync = max(0.0, dp_sync - last_backward)
-        if self.overlap_param_gather:  # what is left of the parameter gather hides behind the next forward
-            left = min(dp_sync, total(self.param_gather))
-            forward = total(self.forward & (self.layer_pass >= 0) & ~self.comm)
-            layers = graph.dense_layers_per_stage + graph.moe_layers_per_stage
-            dp_sync += float(param_gather_exposed_ms(np.array(left), np.array(forward), np.array(layers))) - left
-        optimizer = total(self.optimizer)
-        return StepBreakdown(
-            step_ms=float(pipeline + dp_sync + optimizer),
-            compute_ms=compute_ms,
-            bubble_ms=float(bubble),
-            dp_sync_ms=dp_sync,
-            optimizer_ms=optimizer,
-            comm_ms=comm_ms,
-            host_stall_ms=m * float(stages[slowest] - gpu[slowest]),
-            attention_ms=attention_ms,
-        )
-
-
-def compose_steps(
-    graph: WorkloadGraph,
-    op_ms: Sequence[np.ndarray],
-    *,
-    overlap_grad_reduce: bool = False,
-    overlap_param_gather: bool = False,
-    host_ms_per_kernel: float = HOST_MS_PER_KERNEL,
-) -> list[StepBreakdown]:
-    """:func:`compose_step` of one graph for several node-time arrays (e.g. median, lower and upper bounds).
-
-    The graph's masks and multiplicities are computed once for all of them, and an array
-    equal to an earlier one (bounds of a predictor without an interval) reuses its breakdown.
-    """
-    plan = _Plan(graph, overlap_grad_reduce, overlap_param_gather)
-    out: list[StepBreakdown] = []
-    for i, ms in enumerate(op_ms):
-        same = next((out[j] for j in range(i) if np.array_equal(op_ms[j], ms)), None)
-        out.append(same if same is not None else plan.compose(ms, host_ms_per_kernel))
-    return out
 
 
 def compose_step(
@@ -369,6 +213,8 @@ def compose_step(
 ) -> StepBreakdown:
     """Step time of ``graph`` given each node's time ``op_ms`` (ms, aligned with ``graph.nodes``).
 
+    A one-graph :class:`StepPlan` (see the module rules).
+
     Args:
         graph: the config's workload graph.
         op_ms: time of each node, ms.
@@ -378,27 +224,47 @@ def compose_step(
         host_ms_per_kernel: host time to issue one node's kernel, ms (the dispatch floor;
             0 turns it off: :func:`host_ms_per_kernel` of the config).
     """
-    return _Plan(graph, overlap_grad_reduce, overlap_param_gather).compose(op_ms, host_ms_per_kernel)
+    plan = StepPlan.from_graphs(
+        [graph],
+        overlap_grad_reduce=[overlap_grad_reduce],
+        overlap_param_gather=[overlap_param_gather],
+        host_ms_per_kernel=[host_ms_per_kernel],
+    )
+    return step_breakdowns(plan.compose([op_ms])[0])[0]
+
+
+def step_breakdowns(parts: Mapping[str, np.ndarray]) -> list[StepBreakdown]:
+    """One :class:`StepBreakdown` per config of the columns of :meth:`StepPlan.compose`
+    (a group whose ``comm_<group>_ms`` is NaN for a config is left out of its ``comm_ms``)."""
+    names = ("step_ms", "compute_ms", "bubble_ms", "dp_sync_ms", "optimizer_ms", "host_stall_ms", "attention_ms")
+    columns = {name: parts[name].tolist() for name in names}
+    comm = {name[len("comm_") : -len("_ms")]: v.tolist() for name, v in parts.items() if name.startswith("comm_")}
+    return [
+        StepBreakdown(
+            **{name: values[i] for name, values in columns.items()},
+            comm_ms={group: values[i] for group, values in comm.items() if not np.isnan(values[i])},
+        )
+        for i in range(len(parts["step_ms"]))
+    ]
 
 
 class BodyPlan:
-    """:func:`compose_step` vectorised over many graphs: their per-microbatch parts ("bodies").
+    """The pipeline schedule (the module rules) of many graphs' per-microbatch parts ("bodies"), vectorised.
 
     The schedule of a step splits in two: the per-microbatch stages (every node but the
     ``step`` scope), which fix the stage times, the bubble and the exposed communication
-    per microbatch; and the once-per-step nodes (gradient sync, optimizer), which add to
-    the pipeline's time. Many configs share one body (they differ only in data-parallel
-    degree, ZeRO stage below 3, global batch), so bodies are composed once each, with numpy
-    over all bodies at once, and :meth:`finish` adds each config's microbatch count and
-    step nodes. The rules and the results are those of :func:`compose_step`.
+    per microbatch (:meth:`stages`); and the once-per-step nodes (gradient sync, optimizer),
+    which add to the pipeline's time (:meth:`finish`). Many configs share one body (they
+    differ only in data-parallel degree, ZeRO stage below 3, global batch), so bodies are
+    composed once each, with numpy over all bodies at once, and :meth:`finish` adds each
+    config's microbatch count and step nodes. :class:`StepPlan` drives both for whole steps.
 
     Args:
         bodies: one :class:`BodyTemplate` per body (bodies that differ only in their node
             times, e.g. their GPU, repeat one template).
-        overlap_grad_reduce: hide the data-parallel sync behind the last backward.
     """
 
-    def __init__(self, bodies: Sequence[BodyTemplate], *, overlap_grad_reduce: bool = False) -> None:
+    def __init__(self, bodies: Sequence[BodyTemplate]) -> None:
         self.num_bodies = len(bodies)
         position: dict[int, int] = {}  # each distinct template's arrays are joined once, then gathered
         templates: list[BodyTemplate] = []
@@ -437,7 +303,6 @@ class BodyPlan:
         layer_pass = _layer_pass(cat("layer_kind").astype(np.int64), self.not_forward)
         self.budget = _prefetch_budget(layer_pass, ~comm, self.seg, self.num_bodies)
         self.layer_forward = (layer_pass >= 0) & ~self.not_forward & ~comm
-        self.overlap_grad_reduce = overlap_grad_reduce
         # uneven bodies: one row per pipeline rank (body, dense layers, MoE layers, first, last)
         uneven = [(i, t.stage_layers) for i, t in enumerate(bodies) if t.stage_layers is not None]
         self.rank_body = np.array([i for i, ranks in uneven for _ in ranks], dtype=np.int64)
@@ -591,23 +456,29 @@ class BodyPlan:
         num_microbatches: np.ndarray,
         dp_sync_ms: np.ndarray,
         optimizer_ms: np.ndarray,
-        overlap_grad_reduce: np.ndarray | None = None,
+        param_gather_ms: np.ndarray,
         *,
-        param_gather_ms: np.ndarray | None = None,
-        overlap_param_gather: np.ndarray | None = None,
+        overlap_grad_reduce: np.ndarray,
+        overlap_param_gather: np.ndarray,
     ) -> dict[str, np.ndarray]:
-        """Breakdown columns of configs: each runs body ``body[i]`` with ``num_microbatches[i]``
-        microbatches and its step nodes' gradient sync and optimizer times (ms).
+        """Breakdown columns of configs from :meth:`stages`: config ``i`` runs body ``body[i]``
+        with ``num_microbatches[i]`` microbatches and its step nodes.
 
-        ``overlap_grad_reduce``: per config, hide its data-parallel sync behind the last
-        backward (besides the plan-wide setting); None: the plan-wide setting alone.
-        ``param_gather_ms``, ``overlap_param_gather``: per config, the ZeRO-1/2 parameter
-        all-gather within ``dp_sync_ms`` (ms) and whether it is timed behind the next forward
-        (:func:`param_gather_exposed_ms`); None: never.
+        Args:
+            stages: :meth:`stages` of the bodies.
+            body, num_microbatches: per config, its body and microbatch count.
+            dp_sync_ms, optimizer_ms: per config, the summed times of its step nodes other
+                than the optimizer and of its optimizer step, ms.
+            param_gather_ms: per config, the ZeRO-1/2 parameter all-gather within
+                ``dp_sync_ms``, ms.
+            overlap_grad_reduce: per config, hide the data-parallel sync behind the last backward.
+            overlap_param_gather: per config, time the parameter all-gather behind the next
+                forward (:func:`param_gather_exposed_ms`).
 
         Returns:
-            ``step_ms, compute_ms, attention_ms, bubble_ms, dp_sync_ms, optimizer_ms`` and
-            ``comm_<group>_ms`` (NaN where the config has no such group), arrays over configs.
+            ``step_ms, compute_ms, attention_ms, bubble_ms, dp_sync_ms, optimizer_ms``,
+            ``comm_<group>_ms`` (NaN where the config has no such group) and
+            ``host_stall_ms`` (within ``compute_ms``), arrays over configs.
         """
         m = np.asarray(num_microbatches, dtype=float)
         slowest = stages["slowest_ms"][body]
@@ -626,15 +497,12 @@ class BodyPlan:
         for values in comm_ms.values():
             exposed_comm = exposed_comm + np.nan_to_num(values)
         dp_sync = np.asarray(dp_sync_ms, dtype=float)
-        hide = np.full(len(m), self.overlap_grad_reduce)
-        if overlap_grad_reduce is not None:
-            hide = hide | np.asarray(overlap_grad_reduce, dtype=bool)
+        hide = np.asarray(overlap_grad_reduce, dtype=bool)
         dp_sync = np.where(hide, np.maximum(0.0, dp_sync - stages["last_backward_ms"][body]), dp_sync)
-        if overlap_param_gather is not None and param_gather_ms is not None:
-            # what is left of the parameter gather hides behind the next forward
-            left = np.minimum(dp_sync, np.where(np.asarray(overlap_param_gather, dtype=bool), param_gather_ms, 0.0))
-            exposed = param_gather_exposed_ms(left, stages["forward_ms"][body], self.num_layers[body])
-            dp_sync = dp_sync - left + exposed
+        # what is left of the parameter gather hides behind the next forward
+        left = np.minimum(dp_sync, np.where(np.asarray(overlap_param_gather, dtype=bool), param_gather_ms, 0.0))
+        exposed = param_gather_exposed_ms(left, stages["forward_ms"][body], self.num_layers[body])
+        dp_sync = dp_sync - left + exposed
         optimizer = np.asarray(optimizer_ms, dtype=float)
         attention = m * stages["attention_ms"][body]
         return {
@@ -645,7 +513,113 @@ class BodyPlan:
             "dp_sync_ms": dp_sync,
             "optimizer_ms": optimizer,
             **{f"comm_{group}_ms": values for group, values in sorted(comm_ms.items())},
+            "host_stall_ms": m * stages["stall_ms"][body],
         }
+
+
+class StepPlan:
+    """The training steps of many configs: a :class:`BodyPlan` of their bodies, and each
+    config's microbatch count, step nodes and switches. The one route from node times to
+    step breakdowns (:func:`compose_step` is a one-graph plan).
+
+    Args:
+        bodies: the distinct bodies, :class:`BodyTemplate` (see :class:`BodyPlan`).
+        steps: the ``op`` and ``name`` columns of every distinct set of step nodes
+            (``step`` scope), the sets concatenated.
+        step_sizes: the number of nodes of each set.
+        body_of, steps_of: per config, its body and its set of step nodes (indices).
+        num_microbatches: per config.
+        host_ms_per_kernel: per body, the dispatch floor's host time per kernel, ms.
+        overlap_grad_reduce, overlap_param_gather: per config, the switches (module rules).
+        body_rows, step_rows: where :meth:`compose`'s node-time arrays hold the bodies'
+            nodes (concatenated in the order of ``bodies``) and the step nodes (in the order
+            of ``steps``).
+    """
+
+    def __init__(
+        self,
+        bodies: Sequence[BodyTemplate],
+        steps: Mapping[str, np.ndarray],
+        step_sizes: Sequence[int],
+        *,
+        body_of: np.ndarray,
+        steps_of: np.ndarray,
+        num_microbatches: np.ndarray,
+        host_ms_per_kernel: np.ndarray,
+        overlap_grad_reduce: np.ndarray,
+        overlap_param_gather: np.ndarray,
+        body_rows: np.ndarray,
+        step_rows: np.ndarray,
+    ) -> None:
+        self.bodies = BodyPlan(bodies)
+        self.num_step_sets = len(step_sizes)
+        self.step_seg = np.repeat(np.arange(self.num_step_sets), step_sizes)
+        self.is_optimizer = steps["op"] == "optimizer"
+        self.is_gather = np.char.endswith(steps["name"].astype(str), PARAM_GATHER_SUFFIX)
+        self.body_of, self.steps_of = np.asarray(body_of, dtype=np.int64), np.asarray(steps_of, dtype=np.int64)
+        self.num_microbatches = np.asarray(num_microbatches, dtype=float)
+        self.host_ms_per_kernel = np.asarray(host_ms_per_kernel, dtype=float)
+        self.overlap_grad_reduce = np.asarray(overlap_grad_reduce, dtype=bool)
+        self.overlap_param_gather = np.asarray(overlap_param_gather, dtype=bool)
+        self.body_rows, self.step_rows = body_rows, step_rows
+
+    @classmethod
+    def from_graphs(
+        cls,
+        graphs: Sequence[WorkloadGraph],
+        *,
+        overlap_grad_reduce: Sequence[bool],
+        overlap_param_gather: Sequence[bool],
+        host_ms_per_kernel: Sequence[float],
+    ) -> StepPlan:
+        """The plan of one config per graph (switches per graph); :meth:`compose` takes the
+        graphs' node times concatenated in order."""
+        step = np.concatenate([g.column("scope") == Scope.STEP for g in graphs])
+        steps = {name: np.concatenate([g.column(name) for g in graphs])[step] for name in ("op", "name")}
+        bodies = [BodyTemplate.from_graph(g) for g in graphs]
+        index = np.arange(len(graphs))
+        return cls(
+            bodies,
+            steps,
+            [g.num_nodes - b.num_nodes for g, b in zip(graphs, bodies, strict=True)],
+            body_of=index,
+            steps_of=index,
+            num_microbatches=np.array([g.num_microbatches for g in graphs]),
+            host_ms_per_kernel=np.asarray(host_ms_per_kernel, dtype=float),
+            overlap_grad_reduce=np.asarray(overlap_grad_reduce, dtype=bool),
+            overlap_param_gather=np.asarray(overlap_param_gather, dtype=bool),
+            body_rows=np.flatnonzero(~step),
+            step_rows=np.flatnonzero(step),
+        )
+
+    def compose(self, node_ms: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """The :meth:`BodyPlan.finish` columns of every config for each node-time array (ms;
+        e.g. median, lower and upper bounds); an array equal to an earlier one reuses its columns."""
+        out: list[dict[str, np.ndarray]] = []
+        for k, ms in enumerate(node_ms):
+            same = next((out[j] for j in range(k) if np.array_equal(node_ms[j], ms)), None)
+            out.append(same if same is not None else self._compose(np.asarray(ms, dtype=float)))
+        return out
+
+    def _compose(self, node_ms: np.ndarray) -> dict[str, np.ndarray]:
+        step_ms = node_ms[self.step_rows]
+        n = self.num_step_sets
+        dp_sync = np.bincount(self.step_seg, np.where(self.is_optimizer, 0.0, step_ms), minlength=n)
+        optimizer = np.bincount(self.step_seg, np.where(self.is_optimizer, step_ms, 0.0), minlength=n)
+        gather = np.bincount(self.step_seg, np.where(self.is_gather, step_ms, 0.0), minlength=n)
+        stages = self.bodies.stages(node_ms[self.body_rows], self.host_ms_per_kernel)
+        at = self.steps_of
+        return self.bodies.finish(stages, self.body_of, self.num_microbatches, dp_sync[at], optimizer[at], gather[at],
+                                  overlap_grad_reduce=self.overlap_grad_reduce,
+                                  overlap_param_gather=self.overlap_param_gather)  # fmt: skip
+
+    def any_node(self, flags: np.ndarray) -> np.ndarray:
+        """Per config: whether any of its nodes is flagged (``flags``: per node, laid out as
+        :meth:`compose`'s arrays)."""
+        flags = np.asarray(flags, dtype=bool)
+        body = np.bincount(self.bodies.seg, flags[self.body_rows], minlength=self.bodies.num_bodies) > 0
+        step = np.bincount(self.step_seg, flags[self.step_rows], minlength=self.num_step_sets) > 0
+        return body[self.body_of] | step[self.steps_of]
 
 
 def segment_rows(sizes: Sequence[int], which: Sequence[int]) -> np.ndarray:

@@ -2,7 +2,8 @@
 
 For each config the composer builds the workload graph
 (:func:`~perfcast.features.workload.build_workload_graph`), times its nodes and composes
-them through the pipeline schedule (:func:`~perfcast.features.schedule.compose_step`).
+them through the pipeline schedule: both routes below hand the node times of all configs
+to one :class:`~perfcast.features.schedule.StepPlan`, so they compose alike.
 
 Which predictor times which node:
 
@@ -17,12 +18,13 @@ Which predictor times which node:
   ``predict_with_interval(X, coverage) -> (pred, (n, 2))`` such as
   :class:`~perfcast.models.collective_model.CollectiveTimeRegressor`); otherwise the
   alpha-beta time on the run's own cluster (its intra- and inter-node link figures), with
-  no interval. With the analytic op predictor the composer therefore reproduces
-  :func:`~perfcast.models.analytic.predict_step` exactly.
+  no interval. With the analytic op predictor the composer therefore gives the physics
+  alone: roofline and alpha-beta times composed through the schedule.
 
 Identical ops are predicted once: rows are deduplicated by shape, dtype and device (and,
 for collectives timed analytically, the cluster's link figures) across all nodes of all
-configs passed to :meth:`StepComposer.compose_many`.
+configs passed to :meth:`StepComposer.compose_many`, which keeps each config's graph and
+node times (for training and graph models).
 
 :meth:`StepComposer.compose_table` gives the same numbers column-wise, for batch
 prediction: configs that differ only in data-parallel degree, ZeRO stage below 3, global
@@ -35,7 +37,7 @@ Interval rule (stated, DESIGN.md decision 4): per-op errors on one GPU are stron
 correlated (the op model's interval is mostly a GPU-level shift), so the step bounds
 compose the per-node lower bounds and the per-node upper bounds (comonotone errors):
 ``step_lo = compose(lo)``, ``step_hi = compose(hi)``. A node with no interval (NaN) uses
-its point time in both. ``compose_step`` is monotone in every node time, so
+its point time in both. The composition is monotone in every node time, so
 ``step_lo_ms <= step_ms <= step_hi_ms``.
 
 ``timing_scope`` narrows what is composed, for measurements that time less than a
@@ -63,13 +65,12 @@ from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
 from perfcast.features.schedule import (
-    PARAM_GATHER_SUFFIX,
-    BodyPlan,
     BodyTemplate,
     StepBreakdown,
-    compose_steps,
+    StepPlan,
     host_ms_per_kernel,
     segment_rows,
+    step_breakdowns,
 )
 from perfcast.features.workload import (
     NODE_COLUMNS,
@@ -231,36 +232,31 @@ class StepComposer:
             return []
         graphs = [build_workload_graph(c.model, c.parallel, c.cluster) for c in configs]
         pred, lo, hi, ood = self._time_nodes(configs, graphs)
-        out = []
-        start = 0
-        for graph, scope, config in zip(graphs, scopes, configs, strict=True):
-            end = start + graph.num_nodes
-            keep = _in_scope(graph, scope)
-            ms, lo_ms, hi_ms = (np.where(keep, a[start:end], 0.0) for a in (pred, lo, hi))
-            counted = keep & (graph.column("op") != OpType.OPTIMIZER.value)  # see ComposedStep.out_of_domain
-            extrapolates = bool((counted & ood[start:end]).any())
-            start = end
-            p = config.parallel
-            breakdown, lo_step, hi_step = compose_steps(
-                graph,
-                [ms, lo_ms, hi_ms],
-                overlap_grad_reduce=self.overlap_grad_reduce or p.overlap_grad_reduce,
-                overlap_param_gather=p.overlap_param_gather,
-                host_ms_per_kernel=host_ms_per_kernel(p),
+        keep = np.concatenate([_in_scope(g, s) for g, s in zip(graphs, scopes, strict=True)])
+        ms, lo_ms, hi_ms = (np.where(keep, a, 0.0) for a in (pred, lo, hi))
+        plan = StepPlan.from_graphs(
+            graphs,
+            overlap_grad_reduce=[self.overlap_grad_reduce or c.parallel.overlap_grad_reduce for c in configs],
+            overlap_param_gather=[c.parallel.overlap_param_gather for c in configs],
+            host_ms_per_kernel=[host_ms_per_kernel(c.parallel) for c in configs],
+        )
+        median, low, high = plan.compose([ms, lo_ms, hi_ms])
+        optimizer = np.concatenate([g.column("op") for g in graphs]) == OpType.OPTIMIZER.value
+        extrapolates = plan.any_node(ood & keep & ~optimizer)  # see ComposedStep.out_of_domain
+        ends = np.cumsum([g.num_nodes for g in graphs])
+        return [
+            ComposedStep(
+                graph=graph,
+                breakdown=breakdown,
+                step_lo_ms=float(low["step_ms"][i]),
+                step_hi_ms=float(high["step_ms"][i]),
+                node_ms=ms[end - graph.num_nodes : end],
+                node_lo_ms=lo_ms[end - graph.num_nodes : end],
+                node_hi_ms=hi_ms[end - graph.num_nodes : end],
+                out_of_domain=bool(extrapolates[i]),
             )
-            out.append(
-                ComposedStep(
-                    graph=graph,
-                    breakdown=breakdown,
-                    step_lo_ms=lo_step.step_ms,
-                    step_hi_ms=hi_step.step_ms,
-                    node_ms=ms,
-                    node_lo_ms=lo_ms,
-                    node_hi_ms=hi_ms,
-                    out_of_domain=extrapolates,
-                )
-            )
-        return out
+            for i, (graph, breakdown, end) in enumerate(zip(graphs, step_breakdowns(median), ends, strict=True))
+        ]
 
     def compose_table(self, configs: Sequence[RunConfig]) -> tuple[pd.DataFrame, np.ndarray]:
         """``composed_frame(compose_many(configs))`` and each config's ``out_of_domain`` flag,
@@ -294,35 +290,22 @@ class StepComposer:
         source = _join([sources.setdefault(id(t), {"source": t.source}) for t in batch.bodies], ("source",))["source"]
         body_rows = source + np.repeat(base_start, [t.num_nodes for t in batch.bodies])
         n_base = int(sizes[: len(bases)].sum())
-        step_seg = np.repeat(np.arange(len(batch.steps)), sizes[len(bases) :])
-        is_optimizer = columns["op"][n_base:] == "optimizer"
-        is_gather = np.char.endswith(columns["name"][n_base:].astype(str), PARAM_GATHER_SUFFIX)
-
-        plan = BodyPlan(batch.bodies, overlap_grad_reduce=self.overlap_grad_reduce)
-        m = np.array([c.parallel.num_microbatches for c in configs], dtype=float)
-        overlap = np.array([c.parallel.overlap_grad_reduce for c in configs], dtype=bool)
-        overlap_gather = np.array([c.parallel.overlap_param_gather for c in configs], dtype=bool)
-        host = np.array(batch.body_hosts, dtype=float)
-        results: list[dict[str, np.ndarray]] = []
-        for k, node_ms in enumerate(times[:3]):  # median, lower and upper bounds
-            same = next((results[j] for j in range(k) if np.array_equal(times[j], node_ms)), None)
-            if same is not None:  # bounds of a predictor without an interval
-                results.append(same)
-                continue
-            step_ms = node_ms[n_base:]
-            dp_sync = np.bincount(step_seg, np.where(is_optimizer, 0.0, step_ms), minlength=len(batch.steps))
-            optimizer = np.bincount(step_seg, np.where(is_optimizer, step_ms, 0.0), minlength=len(batch.steps))
-            gather = np.bincount(step_seg, np.where(is_gather, step_ms, 0.0), minlength=len(batch.steps))
-            stages = plan.stages(node_ms[body_rows], host)
-            sync, optim = dp_sync[batch.steps_of], optimizer[batch.steps_of]
-            results.append(plan.finish(stages, batch.body_of, m, sync, optim, overlap_grad_reduce=overlap,
-                                       param_gather_ms=gather[batch.steps_of],
-                                       overlap_param_gather=overlap_gather))  # fmt: skip
-        ood = times[3]
-        body_ood = np.bincount(plan.seg, ood[body_rows], minlength=len(batch.bodies)) > 0
-        step_ood = np.bincount(step_seg, ood[n_base:] & ~is_optimizer, minlength=len(batch.steps)) > 0
-        flags = body_ood[batch.body_of] | step_ood[batch.steps_of]
-        return _table_frame(results[0], results[1]["step_ms"], results[2]["step_ms"]), flags
+        plan = StepPlan(
+            batch.bodies,
+            {name: columns[name][n_base:] for name in ("op", "name")},
+            sizes[len(bases) :],
+            body_of=batch.body_of,
+            steps_of=batch.steps_of,
+            num_microbatches=np.array([c.parallel.num_microbatches for c in configs]),
+            host_ms_per_kernel=np.array(batch.body_hosts, dtype=float),
+            overlap_grad_reduce=np.array([self.overlap_grad_reduce or c.parallel.overlap_grad_reduce for c in configs]),
+            overlap_param_gather=np.array([c.parallel.overlap_param_gather for c in configs]),
+            body_rows=body_rows,
+            step_rows=np.arange(n_base, len(columns["op"])),
+        )
+        median, low, high = plan.compose(times[:3])
+        flags = plan.any_node(times[3] & (columns["op"] != OpType.OPTIMIZER.value))  # see ComposedStep.out_of_domain
+        return _table_frame(median, low["step_ms"], high["step_ms"]), flags
 
     def _time_nodes(
         self, configs: Sequence[RunConfig], graphs: Sequence[WorkloadGraph]
