@@ -13,7 +13,13 @@ FLOPs and intensity, and the shape-dependent residual model) fitted on k = 5, 20
 measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` sweeps them,
 and uniformly at random from the GPU's ops.
 
+``--classes vector`` keeps only that op class's rows (a faster run for one class);
+``--no-timing`` fits the timing-blind model (one launch term for every source's timing
+method, the model before ``timing``); ``--repeats 0`` and ``--no-few-shot`` skip the fit
+timing and the few-shot curve.
+
 Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
+       [--classes vector] [--no-timing] [--repeats N] [--no-few-shot] [--name NAME]
 """
 
 from __future__ import annotations
@@ -59,43 +65,55 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     parser.add_argument("--sources", default="neusight-gemm,neusight-vector")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="Fits on all rows to time (0: none).")
+    parser.add_argument("--classes", default="", help="Op classes to keep (comma-separated; default all).")
+    parser.add_argument("--timing", action=argparse.BooleanOptionalAction, default=True,
+                        help="Model the timing method of each row (OpTimeRegressor(timing=...)).")  # fmt: skip
+    parser.add_argument("--few-shot", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--name", default="op_logo", help="Result file stem under benchmarks/results.")
     args = parser.parse_args()
+
+    def make_model() -> OpTimeRegressor:
+        return OpTimeRegressor(timing=args.timing)
 
     frames = []
     for name in args.sources.split(","):
         get_reader(name)
         frames.append(read_source(args.data / FILES[name], reader=name, resolve_gpu=resolve_gpu_name).records)
     records = pd.concat(frames, ignore_index=True)
-    records = records[featurize_ops(records)["op_class"].to_numpy() != "collective"].reset_index(drop=True)
+    op_class = featurize_ops(records)["op_class"].to_numpy()
+    keep = op_class != "collective"
+    if args.classes:
+        keep &= pd.Series(op_class).isin(args.classes.split(",")).to_numpy()
+    records = records[keep].reset_index(drop=True)
     y = records["measured_ms"].to_numpy(dtype=float)
     classes = evaluation_class(records, featurize_ops(records)["op_class"])
 
     start = time.perf_counter()
-    logo = evaluate_logo(records, y, make_model=OpTimeRegressor, eval_class=classes,
+    logo = evaluate_logo(records, y, make_model=make_model, eval_class=classes,
                          progress=lambda gpu: print(f"holding out {gpu}", flush=True))  # fmt: skip
     logo_s = time.perf_counter() - start
     fit_s = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        OpTimeRegressor().fit(records, y)
+        make_model().fit(records, y)
         fit_s.append(time.perf_counter() - start)
 
     summary = logo.summary().reset_index()
+    designs = FEW_SHOT_DESIGNS if args.few_shot else ()
     few = pd.concat(
-        [
-            few_shot_curve(logo.predictions, records, ks=FEW_SHOT_KS, design=d).assign(design=d)
-            for d in FEW_SHOT_DESIGNS
-        ],
+        [pd.DataFrame(columns=["eval_class", "k", "mape", "coverage", "design"])]
+        + [few_shot_curve(logo.predictions, records, ks=FEW_SHOT_KS, design=d).assign(design=d) for d in designs],
         ignore_index=True,
     )
     few_median = {d: few[few["design"] == d].groupby(["eval_class", "k"])["mape"].median().unstack("k")
-                  for d in FEW_SHOT_DESIGNS}  # fmt: skip
+                  for d in designs}  # fmt: skip
     few_coverage = {d: few[few["design"] == d].groupby(["eval_class", "k"])["coverage"].median().unstack("k")
-                    for d in FEW_SHOT_DESIGNS}  # fmt: skip
+                    for d in designs}  # fmt: skip
     result = {
         "sources": args.sources.split(","),
+        "classes": args.classes.split(",") if args.classes else "all",
+        "timing": args.timing,
         "rows": len(records),
         "gpus": sorted(records["gpu"].unique()),
         "per_gpu": logo.table.to_dict("records"),
@@ -109,24 +127,33 @@ def main() -> None:
             d: {str(c): {int(k): float(v) for k, v in r.items()} for c, r in frame.iterrows()}
             for d, frame in few_coverage.items()
         },
-        "fit_all_rows_s_median": statistics.median(fit_s),
+        "fit_all_rows_s_median": statistics.median(fit_s) if fit_s else None,
         "logo_total_s": logo_s,
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    command = " ".join(
+        [f"--sources {args.sources}", f"--classes {args.classes}" if args.classes else "",
+         "" if args.timing else "--no-timing", f"--repeats {args.repeats}" if args.repeats != 3 else "",
+         "" if args.few_shot else "--no-few-shot", f"--name {args.name}"]
+    ).split()  # fmt: skip
     text = (
         f"# Op predictor, leave-one-GPU-out ({', '.join(result['sources'])}; {len(records)} rows)\n\n"
-        f"Command: `.venv/bin/python benchmarks/op_logo.py --sources {args.sources} --name {args.name}`\n\n"
-        + markdown_table(logo)
-        + "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops, median of 5 draws; k "
-        "measured ops of the held-out GPU; shrunk shift, trend in log FLOPs and intensity, Gaussian-process "
-        "residual, and boosted residual trees from 100 ops on, `models/calibration.py`), and median coverage of "
-        "the corrected 90% interval. k ops spread over the shapes, as `perfcast calibrate` sweeps them:\n\n"
-        + _markdown(few_median["spread"], few_coverage["spread"])
-        + "\n\nk ops drawn at random from the GPU's ops:\n\n"
-        + _markdown(few_median["random"], few_coverage["random"])
-        + f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores).\n"
+        f"Command: `.venv/bin/python benchmarks/op_logo.py {' '.join(command)}`\n\n" + markdown_table(logo)
     )
+    if designs:
+        text += (
+            "\n\nFew-shot correction (median MAPE over held-out GPUs on their other ops, median of 5 draws; k "
+            "measured ops of the held-out GPU; shrunk shift, trend in log FLOPs and intensity, Gaussian-process "
+            "residual, and boosted residual trees from 100 ops on, `models/calibration.py`), and median coverage "
+            "of the corrected 90% interval. k ops spread over the shapes, as `perfcast calibrate` sweeps them:\n\n"
+            + _markdown(few_median["spread"], few_coverage["spread"])
+            + "\n\nk ops drawn at random from the GPU's ops:\n\n"
+            + _markdown(few_median["random"], few_coverage["random"])
+        )
+    if fit_s:
+        text += f"\n\nFit on all rows: {result['fit_all_rows_s_median']:.1f} s (median of {args.repeats}, 2 cores)."
+    text += "\n"
     (OUT / f"{args.name}.md").write_text(text)
     print(text)
 

@@ -70,6 +70,7 @@ def test_gemm_fixture(tmp_path: Path) -> None:
     assert rec["measured_ms"].tolist() == [0.059, 0.2, 0.1]
     assert rec["source"].iloc[0] == "deepbench:results/train/DeepBench_NV_V100.xlsx"
     assert rec["app"].iloc[1] == "DeepSpeech"
+    assert set(rec["timing"]) == {"loop_mean"}  # a timer around back-to-back repeats
     checked = check_op_records(rec, resolve_gpu=resolve_gpu_name)
     assert checked.n_records == 2  # the TitanX is not in the catalog
     assert checked.records["gpu"].tolist() == ["v100-sxm2-32gb", "v100-sxm2-32gb"]

@@ -167,6 +167,7 @@ def test_vector_fixture(tmp_path: Path) -> None:
     assert rec["op"].tolist() == ["add", "mul", "layernorm"]
     assert rec["scalar"].tolist() == [False, True, False]
     assert rec[["rows", "cols"]].values.tolist() == [[4, 422], [4, 422], [1024, 1024]]
+    assert set(rec["timing"]) == {"cuda_events"}  # CUDA events around each call: the launch included
     assert check_op_records(rec, resolve_gpu=resolve_gpu_name).n_rejected == 0
 
 
@@ -193,6 +194,7 @@ def test_model_ops_fixture(tmp_path: Path) -> None:
     # backward records only where bw_latency_ms > 0 (matmul has 0, mul_1 has none)
     assert bw["node"].tolist() == ["addmm", "softmax", "transformer_h_0_ln_1", "transformer_wte", "lm_head", "add_3"]
     assert bw.set_index("node").loc["addmm", "measured_ms"] == 2.5
+    assert set(rec["timing"]) == {"cuda_events"}
     row = fw.set_index("node")
     assert row.loc["addmm", ["batch", "m", "n", "k"]].tolist() == [1, 1024, 3840, 1280]
     assert row.loc["matmul", ["batch", "m", "n", "k"]].tolist() == [20, 1024, 1024, 64]

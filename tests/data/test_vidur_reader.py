@@ -94,6 +94,7 @@ def test_ops_fixture_shapes(tmp_path: Path) -> None:
     assert set(rec["dtype"]) == {"fp16"} and not rec["backward"].any()
     assert l70.loc["mlp_up_proj", "measured_std_ms"] == 0.0  # round-off std -> 0
     assert rec["source"].str.startswith("vidur:p/").all()
+    assert set(rec["timing"]) == {"gpu_kernels"}  # Vidur's profiler: the kernels' CUDA time
 
 
 def test_ops_fixture_rejections(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 The synthetic truth is ``t = L + roofline / eff(gpu, shape)`` with a per-GPU efficiency
 close across GPUs and a shape term the features see (output-tile waste), plus 5% noise.
+Its rows are timed with CUDA events (``timing``), as the 12-us launch term says.
 
 ``sklearn.utils.estimator_checks.parametrize_with_checks`` does not apply: the estimator's
 ``X`` is an op-table DataFrame (``op``, shapes, ``gpu``), and the checks feed numeric
@@ -20,8 +21,9 @@ import pytest
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 
+from perfcast.data.schema import QUERY_TIMING, OpTiming
 from perfcast.errors import OutOfDomainWarning, SpecError
-from perfcast.features.op_features import FEATURE_SPEC_VERSION, featurize_ops
+from perfcast.features.op_features import FEATURE_SPEC_VERSION, TIMING_FEATURE, featurize_ops
 from perfcast.models.op_base import DEFAULT_LAUNCH_MS, POOLED
 from perfcast.models.op_bounds import EFFICIENCY_MARGIN
 from perfcast.models.op_model import OpTimeRegressor
@@ -61,7 +63,7 @@ def make_ops(gpus=GPU_EFF, n_gemm: int = 250, n_vector: int = 150, seed: int = 0
                 }
             )
         )
-    ops = pd.concat(parts, ignore_index=True)
+    ops = pd.concat(parts, ignore_index=True).assign(timing="cuda_events")
     return ops, true_ms(ops)
 
 
@@ -106,7 +108,7 @@ def test_fitted_state(fitted):
     assert fitted.feature_spec_version_ == FEATURE_SPEC_VERSION
     assert fitted.train_gpus_ == tuple(sorted(GPU_EFF))
     for cls in ("gemm", "vector"):
-        assert fitted.launch_ms_[(POOLED, cls)] > 0
+        assert fitted.launch_ms_[(POOLED, cls, "cuda_events")] > 0
         values, weights = fitted.residuals_[cls]
         assert values.shape == weights.shape and np.isfinite(values).all()
         assert len(fitted.gpu_shifts_[cls]) == len(GPU_EFF)  # one shift per calibration GPU
@@ -262,14 +264,16 @@ def test_launch_default_without_tiny_ops():
     ops, t = make_ops({"t4": 0.6}, n_gemm=40, n_vector=0)
     big = ops.assign(m=ops["m"] + 2048, n=ops["n"] + 2048, k=ops["k"] + 2048)
     model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(big, true_ms(big))
-    assert model.launch_ms_[(POOLED, "gemm")] == DEFAULT_LAUNCH_MS
+    assert model.launch_ms_[(POOLED, "gemm", "cuda_events")] == DEFAULT_LAUNCH_MS
 
 
 def test_launch_measured_from_tiny_ops():
     tiny = pd.DataFrame({"op": "add", "rows": 1, "cols": np.arange(4, 124), "dtype": "fp32", "gpu": "t4"})
     t = np.linspace(0.01, 0.03, len(tiny))
     model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(tiny, t)
-    assert model.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
+    assert model.launch_ms_[("NVIDIA", "vector", "gpu_kernels")] == pytest.approx(np.quantile(t, 0.05))
+    blind = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1, timing=False).fit(tiny, t)
+    assert blind.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
 
 
 def test_predict_with_interval_matches_the_two_calls(fitted, data):
@@ -347,7 +351,7 @@ def test_the_physical_bound_raises_median_and_interval_to_the_floor(fitted, data
     tight.efficiency_ceiling_ = {"gemm": {"32-bit": 0.05}, "vector": {"32-bit": 0.05}}  # binds on most rows
     floor = feats["roofline_ms"].to_numpy() / 0.05
     pred, interval = tight.predict_with_interval(ops)
-    raw = fitted._predict_ms(feats)
+    raw = fitted._predict_ms(feats, fitted._row_timing(ops))
     np.testing.assert_allclose(pred, np.maximum(raw, floor))
     np.testing.assert_array_equal(tight.predict(ops), pred)
     assert (raw < floor).mean() > 0.3
@@ -371,3 +375,89 @@ def test_ceilings_survive_the_bundle_and_old_bundles_use_the_roofline(fitted, da
     np.testing.assert_array_equal(legacy.efficiency_ceilings(ops), 1.0)
     roofline = featurize_ops(ops)["roofline_ms"].to_numpy()
     assert np.all(legacy.predict(ops) >= roofline)
+
+
+KERNEL_FLOOR_MS = 0.0015  # kernel-only times of tiny ops, as in Vidur's tables
+HELD_OUT = "p100-pcie-16gb"
+
+
+def _timed_ms(ops: pd.DataFrame) -> np.ndarray:
+    """The synthetic truth with the floor of each row's timing: a 12-us launch, or a 1.5-us kernel."""
+    floor = np.where(ops["timing"] == "gpu_kernels", KERNEL_FLOOR_MS, TRUE_LAUNCH_MS)
+    return true_ms(ops) - TRUE_LAUNCH_MS + floor
+
+
+@pytest.fixture(scope="module")
+def two_timings() -> tuple[pd.DataFrame, pd.DataFrame, OpTimeRegressor, OpTimeRegressor]:
+    """Training rows where t4 is timed kernel-only and the other GPUs with CUDA events; the held-out
+    GPU's rows; a timing-aware and a timing-blind model fitted on them."""
+    ops, _ = make_ops(n_gemm=40, n_vector=300)
+    ops = ops.assign(timing=np.where(ops["gpu"] == "t4", "gpu_kernels", "cuda_events"))
+    train, held = ops[ops["gpu"] != HELD_OUT], ops[ops["gpu"] == HELD_OUT].reset_index(drop=True)
+    aware = OpTimeRegressor(**FAST).fit(train, _timed_ms(train))
+    blind = OpTimeRegressor(**FAST, timing=False).fit(train, _timed_ms(train))
+    return train, held, aware, blind
+
+
+def test_timing_gives_each_method_its_launch_term(two_timings):
+    _, _, aware, blind = two_timings
+    assert aware.uses_timing_ and not blind.uses_timing_
+    assert aware.train_timings_["vector"] == ("cuda_events", "gpu_kernels")
+    assert aware.launch_ms_[("NVIDIA", "vector", "cuda_events")] == pytest.approx(TRUE_LAUNCH_MS, rel=0.1)
+    assert aware.launch_ms_[("NVIDIA", "vector", "gpu_kernels")] == pytest.approx(KERNEL_FLOOR_MS, rel=0.1)
+    assert aware.feature_names_["vector"][-1] == TIMING_FEATURE
+    assert TIMING_FEATURE not in blind.feature_names_["vector"]
+
+
+def test_timing_tells_the_methods_apart_on_a_held_out_gpu(two_timings):
+    _, held, aware, blind = two_timings
+    for timing in ("cuda_events", "gpu_kernels"):
+        rows = held.assign(timing=timing)
+        truth = _timed_ms(rows)
+        ape = np.abs(aware.predict(rows) / truth - 1)
+        assert np.median(ape) < 0.1, timing
+    # blind to the method, one prediction serves both: one of them is far off on the small ops
+    events, kernel = (blind.predict(held.assign(timing=v)) for v in ("cuda_events", "gpu_kernels"))
+    np.testing.assert_array_equal(events, kernel)
+    small = featurize_ops(held)["roofline_ms"].to_numpy() < 1e-3
+    worst = max(
+        np.median(np.abs(events[small] / _timed_ms(held.assign(timing=v))[small] - 1))
+        for v in ("cuda_events", "gpu_kernels")
+    )
+    assert worst > 0.5
+
+
+def test_a_query_without_timing_gets_the_kernel_time(two_timings):
+    _, held, aware, _ = two_timings
+    assert QUERY_TIMING is OpTiming.GPU_KERNELS
+    np.testing.assert_array_equal(
+        aware.predict(held.drop(columns="timing")), aware.predict(held.assign(timing="gpu_kernels"))
+    )
+    # the source says how a row was timed when its timing cell is empty
+    from_source = held.drop(columns="timing").assign(source="neusight:neusight_kernels_vector.csv.gz")
+    np.testing.assert_array_equal(aware.predict(from_source), aware.predict(held.assign(timing="cuda_events")))
+
+
+def test_unknown_timing_is_refused(two_timings):
+    _, held, aware, _ = two_timings
+    with pytest.raises(SpecError, match="timing='wallclock' is not a known timing"):
+        aware.predict(held.assign(timing="wallclock"))
+
+
+def test_timing_survives_the_bundle_and_models_saved_without_it_ignore_it(two_timings, tmp_path):
+    _, held, aware, blind = two_timings
+    rows = held.assign(timing=np.where(np.arange(len(held)) % 2, "gpu_kernels", "cuda_events"))
+    meta = aware._save_to(tmp_path)
+    assert meta["timing"] is True
+    loaded = OpTimeRegressor._load_from(tmp_path, meta)
+    assert loaded.uses_timing_ and loaded.launch_ms_ == aware.launch_ms_
+    np.testing.assert_array_equal(loaded.predict(rows), aware.predict(rows))
+    old_dir = tmp_path / "old"
+    old_dir.mkdir()
+    old = blind._save_to(old_dir)
+    old = {k: v for k, v in old.items() if k not in ("timing", "train_timings")}
+    old["params"] = {k: v for k, v in old["params"].items() if k != "timing"}
+    old["launch_ms"] = [entry for entry in old["launch_ms"] if len(entry) == 3]
+    legacy = OpTimeRegressor._load_from(old_dir, old)
+    assert not legacy.uses_timing_ and legacy.timing is False
+    np.testing.assert_array_equal(legacy.predict(rows), blind.predict(held))

@@ -85,7 +85,7 @@ def _reason_counts(rejected: pd.DataFrame) -> dict[str, int]:
 
 def _summary(df: pd.DataFrame) -> dict[str, Any]:
     out: dict[str, Any] = {"rows": len(df), "content_hash": content_hash(df)}
-    for col in ("gpu", "dtype", "op", "timing_scope"):
+    for col in ("gpu", "dtype", "op", "timing", "timing_scope"):
         if col in df and len(df):
             out[f"{col}_counts"] = {str(k): int(v) for k, v in df[col].astype(str).value_counts().items()}
     return out

@@ -194,6 +194,48 @@ class TimingScope(str, Enum):
     TIME_TO_TRAIN = "time_to_train"  # only a whole-run time is known (``measured_ttt_min``)
 
 
+class OpTiming(str, Enum):
+    """How an op record's time was taken, and so what it covers (the op table's ``timing`` column).
+
+    The same op measures 10x apart at the small end depending on the method: a host-launched
+    call timed with CUDA events includes the launch and host gap (12-32 us floors on NeuSight's
+    GPUs, 14.5 us on perfcast's H200 profile), the summed device time of its kernels does not
+    (1-5 us floors in Vidur's tables). Readers set it from each source's documented method.
+    """
+
+    GPU_KERNELS = "gpu_kernels"  # summed device durations of the op's kernels (profiler or nsys ranges; Vidur)
+    CUDA_EVENTS = "cuda_events"  # CUDA events around each host-launched call: launch and host overhead included
+    LOOP_MEAN = "loop_mean"  # one timer around many back-to-back calls over their count: launches overlap kernels
+    CPU_OP = "cpu_op"  # host wall time of the call (CPU-only traces)
+
+    @property
+    def includes_launch(self) -> bool:
+        """The time includes the host launch of the call (idle GPU between calls)."""
+        return self in (OpTiming.CUDA_EVENTS, OpTiming.CPU_OP)
+
+    @classmethod
+    def parse(cls, value: str | OpTiming) -> OpTiming:
+        """Read a timing from its table spelling (case and surrounding spaces ignored).
+
+        Raises:
+            SpecError: naming the value and the allowed values.
+        """
+        if isinstance(value, OpTiming):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            allowed = ", ".join(t.value for t in cls)
+            raise SpecError(f"timing={short_repr(value)} is not a known timing; allowed: {allowed}") from None
+
+
+OP_TIMING_COLUMN = "timing"
+"""Optional op-table column holding an :class:`OpTiming` value."""
+QUERY_TIMING = OpTiming.GPU_KERNELS
+"""The timing an op query assumes when it names none: its kernels' device time, the time the op
+takes inside a training step, where the host launches run ahead of the GPU."""
+
+
 OP_RECORD_REQUIRED = ("op", "dtype", "gpu", "measured_ms", "source")
 """Columns every op record has. ``gpu`` is a catalog id (or ``cpu`` for host runs)."""
 

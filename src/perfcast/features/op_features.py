@@ -34,6 +34,10 @@ Columns (``FEATURE_SPEC.columns[op_class]`` is each class's ordered list):
   ``multi_node``: descriptive only (their base time comes from
   :mod:`perfcast.features.collectives`; ``roofline_ms`` is NaN there).
 
+Timing feature (outside ``FEATURE_SPEC`` version 3): a timing-aware op model appends
+:data:`TIMING_FEATURE` to each class's columns, from :func:`timing_feature` of the rows'
+timing methods (:class:`perfcast.data.schema.OpTiming`), and records that it does.
+
 A row holds values exactly in its class's columns (NaN elsewhere). Where the catalog lacks
 a descriptor (no SM count or L2 size for B200), the nearest same-vendor entry's figure
 stands in (:func:`perfcast.features.hardware.descriptor_figures`); NaN only where no
@@ -49,7 +53,7 @@ from types import MappingProxyType
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import DType, OpType
+from perfcast.data.schema import DType, OpTiming, OpType
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.hardware import HardwareSpec, descriptor_figures
 from perfcast.features.ops import BINARY_OPS, OpClass, flag_column, op_classes, op_flops, op_memory_bytes
@@ -58,8 +62,10 @@ from perfcast.features.roofline import MS_PER_S, roofline_s
 __all__ = [
     "FEATURE_SPEC",
     "FEATURE_SPEC_VERSION",
+    "TIMING_FEATURE",
     "FeatureSpec",
     "featurize_ops",
+    "timing_feature",
 ]
 
 FEATURE_SPEC_VERSION = 3
@@ -155,6 +161,9 @@ _ATTENTION = (
 )
 _COLLECTIVE = ("coll_code", "l_msg_bytes", "l_n_ranks", "l_ranks_per_node", "multi_node", "is_amd")
 
+TIMING_FEATURE = "timed_with_launch"
+"""1 where a row's time includes the host launch of its call (``OpTiming.includes_launch``), else 0."""
+
 META_COLUMNS = ("op_class", "gpu_id", "vendor", "roofline_ms", "flops", "mem_bytes")
 """Columns :func:`featurize_ops` returns before the feature columns."""
 
@@ -188,6 +197,16 @@ FEATURE_SPEC = FeatureSpec(
         }
     ),
 )
+
+
+def timing_feature(timing: np.ndarray) -> np.ndarray:
+    """:data:`TIMING_FEATURE` of rows with timing methods ``timing`` (``OpTiming`` values), floats, shape ``(n,)``.
+
+    Raises:
+        SpecError: a value that is not a known timing.
+    """
+    codes = {v: float(OpTiming.parse(v).includes_launch) for v in pd.unique(np.asarray(timing, dtype=object))}
+    return np.array([codes[v] for v in timing], dtype=float)
 
 
 # --------------------------------------------------------------------------- helpers

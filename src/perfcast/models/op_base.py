@@ -11,6 +11,12 @@ under :data:`LAUNCH_ROOFLINE_MS` (:func:`fit_launch`). A vendor with fewer than
 and a class with fewer than that takes :data:`DEFAULT_LAUNCH_MS`. Inputs are op feature
 tables of :func:`perfcast.features.op_features.featurize_ops` (``vendor``, ``roofline_ms``);
 times are ms.
+
+A timing-aware model passes each row's timing method (:class:`perfcast.data.schema.OpTiming`
+values) and gets one term per ``(vendor, class, timing)``, pooled per ``(class, timing)``:
+a launch-inclusive CUDA-event time and a kernel-only time of the same tiny op differ 10x
+(``benchmarks/results/op_vector_timing.md``). A timing the training set lacks takes
+:func:`default_launch_ms` of that timing. Without timings the keys are ``(vendor, class)``.
 """
 
 from __future__ import annotations
@@ -21,13 +27,17 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import OpTiming
+
 __all__ = [
     "DEFAULT_LAUNCH_MS",
     "LAUNCH_QUANTILE",
     "LAUNCH_ROOFLINE_MS",
     "MIN_LAUNCH_ROWS",
     "POOLED",
+    "DEFAULT_KERNEL_LAUNCH_MS",
     "base_ms",
+    "default_launch_ms",
     "fit_launch",
 ]
 
@@ -37,38 +47,88 @@ DEFAULT_LAUNCH_MS = 0.02
 """Launch term when the training set has too few tiny ops to measure it: 20 us, a typical
 PyTorch eager op's launch plus host overhead on a discrete GPU (NeuSight's fastest ops run
 in 5-20 us)."""
+DEFAULT_KERNEL_LAUNCH_MS = 0.002
+"""Floor of a kernel-only time (no launch in it) when the training set has too few tiny ops of
+that timing: 2 us, the shortest kernels of Vidur's A100 and A40 tables (1-5 us)."""
 LAUNCH_ROOFLINE_MS = 1e-3  # ops whose roofline is under 1 us measure the launch term
 LAUNCH_QUANTILE = 0.05
 MIN_LAUNCH_ROWS = 50  # tiny ops needed per (vendor, class); else the class's pooled value
 POOLED = "*"  # vendor key of a class's pooled launch term
 
 
-def fit_launch(cls: str, feats: pd.DataFrame, t: np.ndarray) -> dict[tuple[str, str], float]:
+def default_launch_ms(timing: str | None) -> float:
+    """Launch term of a timing with too few tiny training ops, ms (``None``: the timing-blind default)."""
+    if timing is None or OpTiming(timing).includes_launch:
+        return DEFAULT_LAUNCH_MS
+    return DEFAULT_KERNEL_LAUNCH_MS
+
+
+def fit_launch(
+    cls: str, feats: pd.DataFrame, t: np.ndarray, timing: np.ndarray | None = None
+) -> dict[tuple[str, ...], float]:
     """Launch term per vendor of one class, ms: ``{(vendor, cls): ms}`` plus ``(POOLED, cls)``.
 
     Args:
         cls: the op class; feats: its featurised training rows; t: their measured times, ms.
+        timing: each row's timing method; given, the keys are ``(vendor, cls, timing)`` and
+            ``(POOLED, cls, timing)``, one set per timing present.
     """
-    small = feats["roofline_ms"].to_numpy() < LAUNCH_ROOFLINE_MS
+    if timing is None:
+        return _fit_launch(cls, feats, t, (), np.ones(len(t), dtype=bool), None)
+    out: dict[tuple[str, ...], float] = {}
+    for value in sorted(pd.unique(timing)):
+        out.update(_fit_launch(cls, feats, t, (str(value),), timing == value, str(value)))
+    return out
+
+
+def _fit_launch(
+    cls: str, feats: pd.DataFrame, t: np.ndarray, suffix: tuple[str, ...], rows: np.ndarray, timing: str | None
+) -> dict[tuple[str, ...], float]:
+    """:func:`fit_launch` over the rows ``rows`` (one timing, or all), keys ending in ``suffix``."""
+    small = (feats["roofline_ms"].to_numpy() < LAUNCH_ROOFLINE_MS) & rows
     vendors = feats["vendor"].to_numpy()
     if small.sum() >= MIN_LAUNCH_ROWS:
         pooled = float(np.quantile(t[small], LAUNCH_QUANTILE))
     else:
+        pooled = default_launch_ms(timing)
         logger.info(
-            "%s: %d training ops with roofline < 1 us; launch term defaults to %.3f ms",
-            cls, int(small.sum()), DEFAULT_LAUNCH_MS,
+            "%s%s: %d training ops with roofline < 1 us; launch term defaults to %.3f ms",
+            cls, f" ({timing})" if timing else "", int(small.sum()), pooled,
         )  # fmt: skip
-        pooled = DEFAULT_LAUNCH_MS
-    out = {(POOLED, cls): pooled}
-    for vendor in pd.unique(vendors):
+    out = {(POOLED, cls, *suffix): pooled}
+    for vendor in pd.unique(vendors[rows]):
         m = small & (vendors == vendor)
-        out[(str(vendor), cls)] = float(np.quantile(t[m], LAUNCH_QUANTILE)) if m.sum() >= MIN_LAUNCH_ROWS else pooled
+        value = float(np.quantile(t[m], LAUNCH_QUANTILE)) if m.sum() >= MIN_LAUNCH_ROWS else pooled
+        out[(str(vendor), cls, *suffix)] = value
     return out
 
 
-def base_ms(feats: pd.DataFrame, launch: Mapping[tuple[str, str], float], cls: str) -> np.ndarray:
-    """``t_base`` of rows of class ``cls``, ms: their vendor's launch term (else the pooled one) plus the roofline."""
-    pooled = launch[(POOLED, cls)]
+def base_ms(
+    feats: pd.DataFrame,
+    launch: Mapping[tuple[str, ...], float],
+    cls: str,
+    timing: np.ndarray | None = None,
+) -> np.ndarray:
+    """``t_base`` of rows of class ``cls``, ms: their launch term plus the roofline.
+
+    The launch term is the row's ``(vendor, cls)`` entry, else ``(POOLED, cls)``; with
+    ``timing``, the ``(vendor, cls, timing)`` entry, else ``(POOLED, cls, timing)``, else
+    :func:`default_launch_ms` of the timing.
+
+    Raises:
+        KeyError: ``launch`` has no term of ``cls`` (for any timing, when ``timing`` is given).
+    """
     vendors = feats["vendor"].to_numpy()
-    lmap = {v: launch.get((str(v), cls), pooled) for v in pd.unique(vendors)}
-    return np.array([lmap[v] for v in vendors], dtype=float) + feats["roofline_ms"].to_numpy(dtype=float)
+    roof = feats["roofline_ms"].to_numpy(dtype=float)
+    if timing is None:
+        pooled = launch[(POOLED, cls)]
+        lmap = {v: launch.get((str(v), cls), pooled) for v in pd.unique(vendors)}
+        return np.array([lmap[v] for v in vendors], dtype=float) + roof
+    if not any(len(key) == 3 and key[1] == cls for key in launch):
+        raise KeyError(f"no launch term of class {cls!r} for any timing")
+    keys = pd.MultiIndex.from_arrays([vendors, np.asarray(timing)])
+    terms = {}
+    for vendor, value in keys.unique():
+        pooled = launch.get((POOLED, cls, str(value)), default_launch_ms(str(value)))
+        terms[(vendor, value)] = launch.get((str(vendor), cls, str(value)), pooled)
+    return np.array([terms[k] for k in keys], dtype=float) + roof

@@ -44,6 +44,17 @@ to the floor; the interval is then built around the raised median and its lower 
 raised to the floor too, so ``floor <= lo <= pred <= hi``. The inner leave-one-GPU-out
 residuals of the interval are those of the unbounded model.
 
+Timing method: with ``timing=True`` the model reads each row's ``timing``
+(:class:`~perfcast.data.schema.OpTiming`: a launch-inclusive CUDA-event call, the kernels'
+device time, a loop mean), from the column or from its source
+(:func:`~perfcast.data.op_timing.record_timing`). The launch term is then fitted per
+``(vendor, class, timing)`` and the trees get :data:`~perfcast.features.op_features.TIMING_FEATURE`,
+so sources timed differently are told apart instead of averaged. A query that names no
+timing gets :data:`~perfcast.data.schema.QUERY_TIMING` (``gpu_kernels``: the time the op
+takes inside a training step, launches hidden); a timing absent from a class's training rows
+takes its default launch term (2 us for kernel-only timings). Models saved without the flag
+(``timing`` absent from the saved parameters) ignore the column and predict as before.
+
 Shapes:
     ``X``: (n,) op-table rows (a DataFrame); ``predict``: (n,) ms;
     ``predict_interval``: (n, 2) ms, ``lo <= predict <= hi``.
@@ -61,8 +72,16 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from perfcast.data.op_timing import record_timing
+from perfcast.data.schema import QUERY_TIMING
 from perfcast.errors import BundleError, SpecError
-from perfcast.features.op_features import FEATURE_SPEC, FEATURE_SPEC_VERSION, featurize_ops
+from perfcast.features.op_features import (
+    FEATURE_SPEC,
+    FEATURE_SPEC_VERSION,
+    TIMING_FEATURE,
+    featurize_ops,
+    timing_feature,
+)
 from perfcast.features.ops import OpClass
 from perfcast.models import op_bounds, op_domain
 from perfcast.models.intervals import (
@@ -116,9 +135,13 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             within-GPU interval). ``False`` keeps in-sample residuals: a fast but
             optimistic interval, for experiments.
         random_state, n_jobs: seed and XGBoost threads.
+        timing: use each row's timing method (module docstring); ``False`` ignores it.
 
     Fitted attributes:
-        launch_ms_: ``{(vendor, class): ms}``, ``(op_base.POOLED, class)`` the class fallback.
+        launch_ms_: ``{(vendor, class): ms}``, ``(op_base.POOLED, class)`` the class fallback;
+            with timing, ``{(vendor, class, timing): ms}`` and ``(op_base.POOLED, class, timing)``.
+        uses_timing_: whether the fitted model reads the timing method (``timing`` at fit).
+        train_timings_: ``{class: timings of its training rows}`` (empty without timing).
         boosters_: ``{class: xgboost.Booster}``.
         residuals_: ``{class: (log_residuals, weights)}`` of the interval: the ops' spread
             around their GPU's shift when ``gpu_shifts_[class]`` is set, else the plain
@@ -147,6 +170,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         calibrate: bool = True,
         random_state: int = 0,
         n_jobs: int = 2,
+        timing: bool = True,
     ) -> None:
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
@@ -158,6 +182,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.calibrate = calibrate
         self.random_state = random_state
         self.n_jobs = n_jobs
+        self.timing = timing
 
     # ------------------------------------------------------------------------ fit
 
@@ -175,6 +200,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         """
         self._check_params()
         feats, t, w = self._check_xy(X, y, sample_weight)
+        self.uses_timing_ = bool(self.timing)
+        timing = self._row_timing(X)
         rng = np.random.default_rng(self.random_state)
         classes = [c for c in MODELLED_CLASSES if (feats["op_class"] == c).any()]
 
@@ -184,14 +211,18 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.residuals_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.interval_kind_: dict[str, str] = {}
         self.gpu_shifts_: dict[str, np.ndarray] = {}
-        self.feature_names_ = {c: tuple(FEATURE_SPEC.columns[c]) for c in classes}
+        self.feature_names_ = {c: self._feature_names(c) for c in classes}
+        self.train_timings_: dict[str, tuple[str, ...]] = {}
         for cls in classes:
             m = (feats["op_class"] == cls).to_numpy()
             fc, tc, wc = feats.loc[m], t[m], w[m]
-            launch, booster = self._fit_class(cls, fc, tc, wc, rng, self.max_rows_per_gpu, self.n_estimators)
+            tim = None if timing is None else timing[m]
+            if tim is not None:
+                self.train_timings_[cls] = tuple(sorted(pd.unique(tim)))
+            launch, booster = self._fit_class(cls, fc, tc, wc, rng, self.max_rows_per_gpu, self.n_estimators, tim)
             self.launch_ms_.update(launch)
             self.boosters_[cls] = booster
-            (res, weights), self.interval_kind_[cls] = self._fit_residuals(cls, fc, tc, wc, booster, launch)
+            (res, weights), self.interval_kind_[cls] = self._fit_residuals(cls, fc, tc, wc, booster, launch, tim)
             if self.interval_kind_[cls] == "gpu":
                 res, self.gpu_shifts_[cls] = split_group_shifts(res, weights, fc["gpu_id"].to_numpy())
             else:
@@ -207,6 +238,17 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.gpu_domain_ = op_domain.gpu_domain(self.train_gpus_)
         self.dim_domain_ = op_domain.dim_domain(feats, classes)
         return self
+
+    def _feature_names(self, cls: str) -> tuple[str, ...]:
+        """The booster's feature columns of ``cls``: the FeatureSpec's, plus the timing feature if used."""
+        extra = (TIMING_FEATURE,) if getattr(self, "uses_timing_", False) else ()
+        return (*FEATURE_SPEC.columns[cls], *extra)
+
+    def _row_timing(self, X: pd.DataFrame) -> np.ndarray | None:
+        """Each row's timing method (``None`` for a model that does not use it); queries default to QUERY_TIMING."""
+        if not getattr(self, "uses_timing_", False):
+            return None
+        return record_timing(X, QUERY_TIMING)
 
     def _borrow_gpu_shifts(self) -> None:
         """Give a class fitted on too few GPUs the GPU shifts of its :data:`SHIFT_DONORS` class.
@@ -295,18 +337,20 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         rng: np.random.Generator,
         max_rows: int,
         n_trees: int,
-    ) -> tuple[dict[tuple[str, str], float], Any]:
+        timing: np.ndarray | None = None,
+    ) -> tuple[dict[tuple[str, ...], float], Any]:
         """Launch terms and booster of one class (rows of that class only; trained here or on Dask)."""
         from perfcast.models.boosting import train_booster
 
-        launch = fit_launch(cls, feats, t)
+        launch = fit_launch(cls, feats, t, timing)
         idx, weights = _sample_per_gpu(feats["gpu_id"].to_numpy(), w, max_rows, rng)
-        base = base_ms(feats.iloc[idx], launch, cls)
+        tim = None if timing is None else timing[idx]
+        base = base_ms(feats.iloc[idx], launch, cls, tim)
         target = np.log(t[idx] / base)
-        names = list(FEATURE_SPEC.columns[cls])
+        names = list(self._feature_names(cls))
         booster = train_booster(
             self._params(cls),
-            feats.iloc[idx][names].to_numpy(dtype=np.float32),
+            _matrix(feats.iloc[idx], cls, tim),
             target,
             weight=weights,
             feature_names=names,
@@ -321,13 +365,14 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         t: np.ndarray,
         w: np.ndarray,
         booster: Any,
-        launch: Mapping[tuple[str, str], float],
+        launch: Mapping[tuple[str, ...], float],
+        timing: np.ndarray | None = None,
     ) -> tuple[tuple[np.ndarray, np.ndarray], str]:
         """Log residuals ``log(t / pred)`` and their weights for the interval of one class."""
         gpus = feats["gpu_id"].to_numpy()
         distinct = sorted(pd.unique(gpus))
         if not self.calibrate:
-            pred = base_ms(feats, launch, cls) * np.exp(_raw_predict(booster, feats, cls))
+            pred = base_ms(feats, launch, cls, timing) * np.exp(_raw_predict(booster, feats, cls, timing))
             return (np.log(t / pred), _gpu_equal_weights(gpus, w)), "in-sample"
         inner_rows = max(10, int(self.max_rows_per_gpu * INNER_ROWS_FRACTION))
         inner_trees = max(1, int(round(self.n_estimators * INNER_TREES_FRACTION)))
@@ -350,13 +395,15 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             if held.all() or not held.any():
                 continue
             fi, ti = feats.loc[~held], t[~held]
-            inner_launch, inner = self._fit_class(cls, fi, ti, w[~held], rng, inner_rows, inner_trees)
+            tin, tout = (None, None) if timing is None else (timing[~held], timing[held])
+            inner_launch, inner = self._fit_class(cls, fi, ti, w[~held], rng, inner_rows, inner_trees, tin)
             fo = feats.loc[held]
-            pred = base_ms(fo, inner_launch, cls) * np.exp(_raw_predict(inner, fo, cls))
+            pred = base_ms(fo, inner_launch, cls, tout) * np.exp(_raw_predict(inner, fo, cls, tout))
             res[held] = np.log(t[held] / pred)
         if np.isnan(res).any():  # too few rows to hold any out: in-sample
             miss = np.isnan(res)
-            pred = base_ms(feats.loc[miss], launch, cls) * np.exp(_raw_predict(booster, feats.loc[miss], cls))
+            tm = None if timing is None else timing[miss]
+            pred = base_ms(feats.loc[miss], launch, cls, tm) * np.exp(_raw_predict(booster, feats.loc[miss], cls, tm))
             res[miss] = np.log(t[miss] / pred)
             kind = "in-sample" if miss.all() else kind
         return (res, _gpu_equal_weights(gpus, w)), kind
@@ -368,7 +415,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "boosters_")
         feats = featurize_known(X, self.boosters_)
         warn_out_of_domain(self._out_of_domain(feats))
-        return np.fmax(self._predict_ms(feats), self._floor_ms(feats))
+        return np.fmax(self._predict_ms(feats, self._row_timing(X)), self._floor_ms(feats))
 
     def efficiency_ceilings(self, X: pd.DataFrame) -> np.ndarray:
         """The efficiency ceiling ``eta`` of each row's class and dtype family (shape ``(n,)``, in (0, 1])."""
@@ -407,7 +454,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         ood = self._out_of_domain(feats)
         warn_out_of_domain(ood, stacklevel=4)
         floor = self._floor_ms(feats)
-        pred = np.fmax(self._predict_ms(feats), floor)
+        pred = np.fmax(self._predict_ms(feats, self._row_timing(X)), floor)
         out = np.empty((len(pred), 2))
         classes = feats["op_class"].to_numpy()
         for cls in pd.unique(classes):
@@ -456,12 +503,13 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         check_is_fitted(self, "boosters_")
         return self._out_of_domain(featurize_known(X, self.boosters_))
 
-    def _predict_ms(self, feats: pd.DataFrame) -> np.ndarray:
+    def _predict_ms(self, feats: pd.DataFrame, timing: np.ndarray | None) -> np.ndarray:
         out = np.empty(len(feats))
         for cls in pd.unique(feats["op_class"]):
             m = (feats["op_class"] == cls).to_numpy()
             fc = feats.loc[m]
-            out[m] = base_ms(fc, self.launch_ms_, cls) * np.exp(_raw_predict(self.boosters_[cls], fc, cls))
+            tim = None if timing is None else timing[m]
+            out[m] = base_ms(fc, self.launch_ms_, cls, tim) * np.exp(_raw_predict(self.boosters_[cls], fc, cls, tim))
         return out
 
     def _out_of_domain(self, feats: pd.DataFrame) -> np.ndarray:
@@ -485,7 +533,9 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             "feature_spec_version": self.feature_spec_version_,
             "files": files,
             "feature_names": {c: list(v) for c, v in self.feature_names_.items()},
-            "launch_ms": [[v, c, float(ms)] for (v, c), ms in self.launch_ms_.items()],
+            "launch_ms": [[*key, float(ms)] for key, ms in self.launch_ms_.items()],
+            "timing": bool(getattr(self, "uses_timing_", False)),
+            "train_timings": {c: list(v) for c, v in getattr(self, "train_timings_", {}).items()},
             "interval_kind": dict(self.interval_kind_),
             "gpu_shifts": {c: v.tolist() for c, v in self.gpu_shifts_.items()},
             "residuals": {
@@ -506,7 +556,10 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
 
         directory = Path(directory)
         try:
-            model = cls(**meta["params"])
+            # a model saved before the timing method existed does not use it (absent = False)
+            model = cls(**{"timing": False, **meta["params"]})
+            model.uses_timing_ = bool(meta.get("timing", False))
+            model.train_timings_ = {c: tuple(v) for c, v in meta.get("train_timings", {}).items()}
             model.feature_spec_version_ = int(meta["feature_spec_version"])
             if model.feature_spec_version_ != FEATURE_SPEC_VERSION:
                 raise BundleError(
@@ -515,9 +568,9 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 )
             model.feature_names_ = {c: tuple(v) for c, v in meta["feature_names"].items()}
             for c, names in model.feature_names_.items():
-                if names != tuple(FEATURE_SPEC.columns[c]):
+                if names != model._feature_names(c):
                     raise BundleError(f"op model's {c} features differ from FeatureSpec version {FEATURE_SPEC_VERSION}")
-            model.launch_ms_ = {(v, c): float(ms) for v, c, ms in meta["launch_ms"]}
+            model.launch_ms_ = {tuple(entry[:-1]): float(entry[-1]) for entry in meta["launch_ms"]}
             model.interval_kind_ = dict(meta["interval_kind"])
             # bundles written before the random-effect interval have no shifts: pooled residuals
             model.gpu_shifts_ = {c: np.asarray(v, dtype=float) for c, v in meta.get("gpu_shifts", {}).items()}
@@ -553,10 +606,19 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
 # --------------------------------------------------------------------------- helpers
 
 
-def _raw_predict(booster: Any, feats: pd.DataFrame, cls: str) -> np.ndarray:
-    """The booster's log ratio for rows of ``cls`` (features selected by name)."""
-    names = list(FEATURE_SPEC.columns[cls])
-    return booster.inplace_predict(feats[names].astype(np.float32))
+def _raw_predict(booster: Any, feats: pd.DataFrame, cls: str, timing: np.ndarray | None = None) -> np.ndarray:
+    """The booster's log ratio for rows of ``cls`` (features selected by name; the timing feature last if given)."""
+    if timing is None:
+        return booster.inplace_predict(feats[list(FEATURE_SPEC.columns[cls])].astype(np.float32))
+    return booster.inplace_predict(_matrix(feats, cls, timing))
+
+
+def _matrix(feats: pd.DataFrame, cls: str, timing: np.ndarray | None) -> np.ndarray:
+    """Float32 feature matrix of rows of ``cls``: the FeatureSpec columns, then the timing feature if given."""
+    x = feats[list(FEATURE_SPEC.columns[cls])].to_numpy(dtype=np.float32)
+    if timing is None:
+        return x
+    return np.column_stack([x, timing_feature(timing).astype(np.float32)])
 
 
 def _sample_per_gpu(

@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.schema import DType
+from perfcast.data.schema import DType, OpTiming
 from perfcast.errors import DatasetError, SpecError
 
 SOURCE_NAME = "neusight"
+TIMING = OpTiming.CUDA_EVENTS
+"""NeuSight times each call with CUDA events (collect.py): launch and host overhead included."""
 """Prefix of the ``source`` provenance column."""
 
 NEUSIGHT_REPEATS = 25

@@ -14,6 +14,7 @@ import pandas as pd
 from perfcast.data.readers._neusight_common import (
     NEUSIGHT_REPEATS,
     SOURCE_NAME,
+    TIMING,
     bad_positive_int,
     check_columns,
     map_names,
@@ -73,6 +74,7 @@ def _kernel_provenance(raw: pd.DataFrame, path: str | Path) -> dict[str, object]
     """Provenance and launch columns of a kernel-file record."""
     out: dict[str, object] = {
         "n_repeats": NEUSIGHT_REPEATS,
+        "timing": TIMING.value,
         "source": f"{SOURCE_NAME}:{Path(path).name}",
         "split": raw["neusight_split"].astype(object),
         "framework": raw["framework"].astype(object),

@@ -57,7 +57,7 @@ from perfcast.data.readers.aten import (
     parse_dims,
 )
 from perfcast.data.records import ReadResult
-from perfcast.data.schema import DType
+from perfcast.data.schema import DType, OpTiming
 from perfcast.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ logger = logging.getLogger(__name__)
 SOURCE_NAME = "nsys"
 """Prefix of the ``source`` provenance column (followed by the export's file name)."""
 
-TIMING = "gpu_kernels"
+TIMING = OpTiming.GPU_KERNELS.value
 NS_PER_MS = 1e6
 """Nsight Systems timestamps are nanoseconds."""
 

@@ -72,6 +72,7 @@ from perfcast.data.readers.aten import (
     parse_dims,
 )
 from perfcast.data.records import ReadResult
+from perfcast.data.schema import OpTiming
 from perfcast.errors import DatasetError
 
 logger = logging.getLogger(__name__)
@@ -79,8 +80,8 @@ logger = logging.getLogger(__name__)
 SOURCE_NAME = "torch_trace"
 """Prefix of the ``source`` provenance column (followed by the trace's file name)."""
 
-TIMING_GPU = "gpu_kernels"
-TIMING_CPU = "cpu_op"
+TIMING_GPU = OpTiming.GPU_KERNELS.value
+TIMING_CPU = OpTiming.CPU_OP.value
 """Values of the ``timing`` column: summed GPU kernel time, or the cpu_op's wall time."""
 
 HOST_DEVICE = "cpu"

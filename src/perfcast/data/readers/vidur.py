@@ -89,13 +89,16 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
-from perfcast.data.schema import OpType
+from perfcast.data.schema import OpTiming, OpType
 from perfcast.data.tables import read_table
 from perfcast.errors import DatasetError
 
 logger = logging.getLogger(__name__)
 
 SOURCE_NAME = "vidur"
+TIMING = OpTiming.GPU_KERNELS
+"""Vidur's profiler records the CUDA time of the kernels inside each op's ``record_function`` range:
+kernel time only (1-us floors, 0.5-1 us resolution; ``benchmarks/results/op_vector_diagnosis.md``)."""
 """Prefix of the ``source`` provenance column (followed by the file within the Vidur repo)."""
 
 VIDUR_DTYPE = "fp16"
@@ -370,6 +373,7 @@ def _op_rows(raw: pd.DataFrame, num: pd.DataFrame, shapes: pd.DataFrame, gated: 
             "measured_min_ms": num["time_ms_min"],
             "measured_max_ms": num["time_ms_max"],
             "measured_std_ms": std.where(std >= STD_RESOLUTION_MS, 0.0),
+            "timing": TIMING.value,
             "source": SOURCE_NAME + ":" + raw["source_path"].astype(str),
             "model": raw["model"].astype(str),
             "kernel": op_name,
@@ -388,7 +392,7 @@ def _collective_rows(good: pd.DataFrame) -> pd.DataFrame:
     key = ["cluster", "collective", "num_workers", "devices_per_node", "size_bytes"]
     columns = [
         "op", "bytes", "n_ranks", "ranks_per_node", "dtype", "gpu", "backward", "nvlink_bridged", "measured_ms",
-        "measured_min_ms", "measured_max_ms", "source", "cluster", "kernel", "max_devices_per_node",
+        "measured_min_ms", "measured_max_ms", "timing", "source", "cluster", "kernel", "max_devices_per_node",
         "n_ranks_reported", "n_rows_merged",
     ]  # fmt: skip
     if good.empty:
@@ -424,6 +428,7 @@ def _collective_rows(good: pd.DataFrame) -> pd.DataFrame:
             "measured_ms": merged["measured_ms"],
             "measured_min_ms": merged["measured_min_ms"],
             "measured_max_ms": merged["measured_max_ms"],
+            "timing": TIMING.value,
             "source": SOURCE_NAME + ":" + merged["source_path"].astype(str),
             "cluster": merged["cluster"],
             "kernel": merged["collective"],
