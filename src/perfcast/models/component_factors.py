@@ -163,6 +163,10 @@ class ComponentFactors:
         theta = least_squares(residuals, start, bounds=(lo, hi)).x
         return cls(dict(zip(names, np.exp(theta).tolist(), strict=True)))
 
+    def part_factors(self) -> dict[str, float]:
+        """Breakdown part (``attention``, ``comm_tp`` …) -> the factor of its component."""
+        return {part: factor for name, factor in self.factors.items() for part in COMPONENT_PARTS[name]}
+
     def to_dict(self) -> dict[str, float]:
         """JSON-able form (:meth:`from_dict` reverses it)."""
         return {n: float(v) for n, v in self.factors.items()}

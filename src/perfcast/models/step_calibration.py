@@ -54,7 +54,7 @@ import pandas as pd
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_config import RunConfig
-from perfcast.models.component_factors import COMPONENT_PARTS, FACTOR_RANGE, ComponentFactors, breakdown_shares
+from perfcast.models.component_factors import FACTOR_RANGE, ComponentFactors, breakdown_shares
 from perfcast.models.correction_store import (
     CALIBRATION_COLUMN,
     FieldCheck,
@@ -140,7 +140,7 @@ class ClusterCorrection:
 
     def part_factors(self) -> dict[str, float]:
         """Breakdown part (``compute``, ``comm_tp`` …) -> its multiplier, for the parts a factor scales."""
-        return {p: f for name, f in self.factors.items() for p in COMPONENT_PARTS[name]}
+        return ComponentFactors(self.factors).part_factors()
 
     @property
     def label(self) -> str:

@@ -17,9 +17,11 @@ or MFU 1 (compute at datasheet peak) for a predictor without one (analytic, comp
 bundles trained before the bound). No column names a raised row: its ``mfu`` output then
 equals the ceiling.
 
-Breakdown rule: the parts of the composed step (compute, exposed communication per group,
-bubble, data-parallel sync, optimizer) are scaled by ``step_ms / composed_step_ms`` so
-they still add up to the predicted step; ``composed_step_ms`` keeps the uncorrected sum.
+Breakdown rule: the parts of the composed step (compute, attention, exposed communication
+per group, bubble, data-parallel sync, optimizer) are first multiplied by the step model's
+physical factor of their component (:mod:`perfcast.models.component_factors`; attention
+by default), then all scaled alike so they add up to the predicted step;
+``composed_step_ms`` keeps the uncorrected sum.
 """
 
 from __future__ import annotations
@@ -129,7 +131,11 @@ class StepPredictor:
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], ceiling.floor_ms(configs)
         )
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
-        frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / composed, axis=0)
+        factors = getattr(self.step_model, "factors_", None)
+        for part, factor in ({} if factors is None else factors.part_factors()).items():
+            if f"{part}_ms" in frame:  # a part the step model's physical factors scale: its own share first
+                frame[f"{part}_ms"] = frame[f"{part}_ms"] * factor
+        frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / frame[parts].sum(axis=1).to_numpy(), axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)
         if self.flags_out_of_domain:
             frame[OUT_OF_DOMAIN_COLUMN] = out_of_domain
