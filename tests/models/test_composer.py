@@ -252,6 +252,21 @@ def test_compose_table_equals_composing_every_config(predictor, overlap):
     assert any(s.out_of_domain for s in steps) == (predictor is FlaggingSpy)
 
 
+class BackwardFlaggingSpy(SpyPredictor):
+    """The spy, flagging the ops first met in a backward pass as out of domain."""
+
+    def out_of_domain(self, ops):
+        return (ops["phase"] == "bwd").to_numpy()
+
+
+def test_only_nodes_in_the_timing_scope_flag_a_step_out_of_domain():
+    config = parse_run_row({**BASE, "tp": 2, "dp": 4})
+    composer = StepComposer(BackwardFlaggingSpy())
+    steps = composer.compose_many([config] * 3, timing_scopes=["fwd", "fwd_bwd", "step"])
+    assert [s.out_of_domain for s in steps] == [False, True, True]
+    assert composer.compose_table([config])[1].tolist() == [True]
+
+
 def test_compose_table_with_a_collective_model_and_no_configs():
     configs = [parse_run_row(row) for row in VARIED]
     composer = StepComposer(SpyPredictor(), DoubleCollectives())
