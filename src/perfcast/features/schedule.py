@@ -568,9 +568,9 @@ class StepPlan:
         cls,
         graphs: Sequence[WorkloadGraph],
         *,
-        overlap_grad_reduce: Sequence[bool],
-        overlap_param_gather: Sequence[bool],
-        host_ms_per_kernel: Sequence[float],
+        overlap_grad_reduce: Sequence[bool] | np.ndarray,
+        overlap_param_gather: Sequence[bool] | np.ndarray,
+        host_ms_per_kernel: Sequence[float] | np.ndarray,
     ) -> StepPlan:
         """The plan of one config per graph (switches per graph); :meth:`compose` takes the
         graphs' node times concatenated in order."""

@@ -234,12 +234,8 @@ class StepComposer:
         pred, lo, hi, ood = self._time_nodes(configs, graphs)
         keep = np.concatenate([_in_scope(g, s) for g, s in zip(graphs, scopes, strict=True)])
         ms, lo_ms, hi_ms = (np.where(keep, a, 0.0) for a in (pred, lo, hi))
-        plan = StepPlan.from_graphs(
-            graphs,
-            overlap_grad_reduce=[self.overlap_grad_reduce or c.parallel.overlap_grad_reduce for c in configs],
-            overlap_param_gather=[c.parallel.overlap_param_gather for c in configs],
-            host_ms_per_kernel=[host_ms_per_kernel(c.parallel) for c in configs],
-        )
+        hosts = [host_ms_per_kernel(c.parallel) for c in configs]
+        plan = StepPlan.from_graphs(graphs, host_ms_per_kernel=hosts, **self._switches(configs))
         median, low, high = plan.compose([ms, lo_ms, hi_ms])
         optimizer = np.concatenate([g.column("op") for g in graphs]) == OpType.OPTIMIZER.value
         extrapolates = plan.any_node(ood & keep & ~optimizer)  # see ComposedStep.out_of_domain
@@ -298,14 +294,23 @@ class StepComposer:
             steps_of=batch.steps_of,
             num_microbatches=np.array([c.parallel.num_microbatches for c in configs]),
             host_ms_per_kernel=np.array(batch.body_hosts, dtype=float),
-            overlap_grad_reduce=np.array([self.overlap_grad_reduce or c.parallel.overlap_grad_reduce for c in configs]),
-            overlap_param_gather=np.array([c.parallel.overlap_param_gather for c in configs]),
             body_rows=body_rows,
             step_rows=np.arange(n_base, len(columns["op"])),
+            **self._switches(configs),
         )
         median, low, high = plan.compose(times[:3])
         flags = plan.any_node(times[3] & (columns["op"] != OpType.OPTIMIZER.value))  # see ComposedStep.out_of_domain
         return _table_frame(median, low["step_ms"], high["step_ms"]), flags
+
+    def _switches(self, configs: Sequence[RunConfig]) -> dict[str, np.ndarray]:
+        """Per config, the schedule switches of :class:`~perfcast.features.schedule.StepPlan`
+        (the composer's ``overlap_grad_reduce`` applies to every config)."""
+        return {
+            "overlap_grad_reduce": np.array(
+                [self.overlap_grad_reduce or c.parallel.overlap_grad_reduce for c in configs]
+            ),
+            "overlap_param_gather": np.array([c.parallel.overlap_param_gather for c in configs]),
+        }
 
     def _time_nodes(
         self, configs: Sequence[RunConfig], graphs: Sequence[WorkloadGraph]
