@@ -17,7 +17,8 @@ MFU-ceiling floor) is fitted on the other sources; ``k`` runs of the held-out so
 3, 5, drawn at random, 20 seeds) fit one correction, and the source's other runs are scored.
 Two corrections: ``shift`` (the robust shift alone) and ``factors`` (what ``perfcast calibrate
 steps`` fits from the predictor's breakdown: a factor per component of the step, the shares
-taken from the composed breakdown, which the step predictor scales uniformly). Two poolings:
+those of the composed breakdown, times the step model's physical factors for the GBDT, as
+the step predictor reports them). Two poolings:
 per source (its GPUs and cluster sizes under one correction, as a user calibrating a whole
 software stack would) and per (source, GPU) cluster, as ``calibrate steps`` keys a correction,
 for clusters with at least 8 runs. Reported per source (clusters: mean over its clusters)
@@ -153,10 +154,17 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
         model = fit_step_model(table, ~test, correction_scale=LOSO_SCALE)
         learned = predict_rows(model, table, test)
         composed = tuple(v[test] for v in composed_all)
-        breakdown = runs.loc[test].reset_index(drop=True)
+        composed_parts = runs.loc[test].reset_index(drop=True)
+        learned_parts = composed_parts.copy()  # the learned predictor's breakdown: parts times its factors
+        for part, factor in model.factors_.part_factors().items():
+            if f"{part}_ms" in learned_parts:
+                learned_parts[f"{part}_ms"] *= factor
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
-        for predictor, (pred, lo, hi) in (("composed", composed), (f"gbdt(scale={LOSO_SCALE})+bound", learned)):
+        for predictor, (pred, lo, hi), breakdown in (
+            ("composed", composed, composed_parts),
+            (f"gbdt(scale={LOSO_SCALE})+bound", learned, learned_parts),
+        ):
             for correction, parts in (("shift", None), ("factors", breakdown)):
                 for pooling, members in pools.items():
                     for k in LOSO_KS if members else ():

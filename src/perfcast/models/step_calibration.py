@@ -10,13 +10,14 @@ where the predictor's breakdown of each run is given, how each component of the 
 * without breakdown: ``shift = median(log(measured / predicted)) * k / (k + SHRINK_RUNS)``
   over the ``k`` runs kept, shrunk toward zero so that one odd run does not move every
   prediction all the way;
-* with breakdown (component shares ``a_c`` of each run's predicted step, summing to 1): a
+* with breakdown and at least :data:`MIN_FACTOR_RUNS` runs kept (component shares ``a_c``
+  of each run's predicted step, summing to 1): a
   row's time is multiplied by ``sum_c f_c a_c``, each component's factor
   ``f_c = exp(shift + d_c)`` the shared shift times its own departure. Shift and departures
   are fitted by least squares on the log ratios, with penalties ``SHRINK_RUNS * shift^2``
   (the same shrinkage, as a mean) and ``FACTOR_PRIOR_RUNS * sum_c d_c^2``: runs that differ
-  in their shares tell the components apart, while a single run or runs alike move every
-  factor together, like the shift alone. Each departure stays in
+  in their shares tell the components apart, runs alike move every factor together, like
+  the shift alone; with fewer runs every factor is the shift's. Each departure stays in
   :data:`~perfcast.models.component_factors.FACTOR_RANGE`. The factors are the cluster's
   physical parameters relative to the predictor (``attention x1.4``: its attention kernels
   take 1.4 times the predicted time);
@@ -89,6 +90,9 @@ from each other about as much as its shift differs from 0, so few runs move it p
 FACTOR_PRIOR_RUNS = 0.3
 """Penalty on each component's log departure from the shift, in units of one run's squared
 log error (chosen with :data:`SHRINK_RUNS` among 0.1, 0.3, 1, 3)."""
+MIN_FACTOR_RUNS = 3
+"""Fewest runs kept from which component factors depart from the shared shift: one or two
+runs cannot tell components apart, and letting them try made held-out predictions worse."""
 CALIBRATED_COMPONENTS = ("attention", "compute", "communication")
 """The components a calibration with breakdown fits a factor for (together the whole step)."""
 SCHEMA_VERSION = 3
@@ -231,8 +235,11 @@ def fit_step_correction(
     if breakdown is not None:
         if len(breakdown) != len(measured):
             raise SpecError(f"breakdown has {len(breakdown)} rows for {len(measured)} runs")
-        shares = breakdown_shares(breakdown.iloc[np.flatnonzero(ok)], CALIBRATED_COMPONENTS)
-        shift, factors = _fit_shift_and_factors(residual, shares)
+        if k >= MIN_FACTOR_RUNS:
+            shares = breakdown_shares(breakdown.iloc[np.flatnonzero(ok)], CALIBRATED_COMPONENTS)
+            shift, factors = _fit_shift_and_factors(residual, shares)
+        else:
+            factors = dict.fromkeys(CALIBRATED_COMPONENTS, float(np.exp(shift)))
     return ClusterCorrection(
         cluster=cluster,
         shift=shift,
