@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,6 +13,7 @@ from fixtures.shared import shared_file
 from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
+    ENCODER_DECODER_ARCHITECTURES,
     build_step_table,
     domain_groups,
     evaluate_steps,
@@ -202,3 +205,13 @@ def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
                              params={"n_estimators": 20, "max_depth": 3, "n_jobs": 1})  # fmt: skip
     local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="plots/step_parity.png")
     assert matplotlib.image.imread(local).shape[0] > 200
+
+
+@pytest.mark.shared_data
+def test_encoder_decoder_runs_are_left_out_and_counted(caplog) -> None:
+    path = shared_file("neusight_e2e_latency.csv")
+    with caplog.at_level(logging.WARNING, logger="perfcast.training.train_steps"):
+        runs = load_runs(path.parent, sources=["neusight"])
+    assert len(runs) and not runs["architecture"].isin(ENCODER_DECODER_ARCHITECTURES).any()
+    assert "BertLMHeadModel" in set(runs["architecture"])  # an encoder is one stack: kept
+    assert any("encoder-decoder" in r.getMessage() and "SwitchTransformers" in r.getMessage() for r in caplog.records)

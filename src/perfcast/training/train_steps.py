@@ -89,6 +89,18 @@ included) are gated: SwiGLU with ``gate_proj``/``up_proj``/``down_proj`` in thei
 ``config.json`` (gpt-oss: a clamped SwiGLU). A row naming one with ``gated_mlp`` empty gets
 ``gated_mlp = True`` (named in ``defaulted_fields``); left to the parser's plain-MLP default,
 their MLP FLOPs were counted two thirds of what they are."""
+ENCODER_DECODER_ARCHITECTURES: frozenset[str] = frozenset(
+    {
+        "SwitchTransformersForConditionalGeneration",
+        "T5ForConditionalGeneration",
+        "MT5ForConditionalGeneration",
+        "BartForConditionalGeneration",
+    }
+)
+"""Hugging Face classes of encoder-decoder models (a row's ``architecture``): an encoder stack,
+a decoder stack and cross-attention, which the decoder-only workload graph does not describe,
+so a measured step of one is not a measurement of the config it would parse as. Their runs
+are left out of the step set (and logged)."""
 MIN_GROUP_ROWS = 3
 """Smallest (model, cluster) group whose Spearman correlation counts."""
 
@@ -110,7 +122,8 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
     time-to-train only) are left out. A
     ``model`` name that is not a preset (NeuSight's ``bert_large``, ``gpt3_xl`` ...) moves
     to ``model_name`` when the row spells out the model fields itself; a spelled-out model of
-    :data:`GATED_MLP_MODELS` with ``gated_mlp`` empty gets its gated MLP.
+    :data:`GATED_MLP_MODELS` with ``gated_mlp`` empty gets its gated MLP. Runs of
+    :data:`ENCODER_DECODER_ARCHITECTURES` are left out, with a warning that counts them.
 
     Raises:
         SpecError: an unknown source name.
@@ -129,8 +142,21 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
         records = records.assign(framework_group=stated.where(stated.notna(), SOURCE_FRAMEWORKS.get(name, name)))
         records = _unname_unknown_models(records)
         records = _fill_gated_mlp(records)
+        records = _drop_encoder_decoders(records, name)
         frames.append(records[records["measured_step_ms"].notna() & records["timing_scope"].isin(TIMING_SCOPES)])
     return pd.concat(frames, ignore_index=True)
+
+
+def _drop_encoder_decoders(records: pd.DataFrame, source: str) -> pd.DataFrame:
+    """``records`` without the runs of :data:`ENCODER_DECODER_ARCHITECTURES`, counted in a warning."""
+    if "architecture" not in records:
+        return records
+    seq2seq = records["architecture"].isin(ENCODER_DECODER_ARCHITECTURES).to_numpy()
+    if seq2seq.any():
+        names = ", ".join(sorted(records.loc[seq2seq, "architecture"].astype(str).unique()))
+        logger.warning("left out %d %s runs of encoder-decoder models (%s): not a decoder-only stack",
+                       int(seq2seq.sum()), source, names)  # fmt: skip
+    return records[~seq2seq]
 
 
 def _fill_gated_mlp(records: pd.DataFrame) -> pd.DataFrame:
