@@ -8,13 +8,13 @@ to one :class:`~perfcast.features.schedule.StepPlan`, so they compose alike.
 Which predictor times which node:
 
 * compute nodes (GEMMs, vector ops, attention, embedding, optimizer) go to the op
-  predictor, anything with ``predict_ops(ops, coverage) -> (pred, lo, hi)`` in ms (the
+  predictor, an :class:`~perfcast.models.predictor_protocol.OpPredictor` (times, bounds
+  and out-of-domain flags in one ``predict_ops_flagged`` call; the
   shipped :class:`~perfcast.models.bundle.OpPredictorBundle` or
   :class:`~perfcast.models.analytic.AnalyticOpPredictor`). A bundle times the classes it
   has not learned (attention, embedding, optimizer today) with the analytic roofline and
   gives them no interval;
 * collective nodes go to ``collective_predictor`` when one is given (anything with
-  ``predict_ops`` as above, e.g. a bundle holding a collective model, or with
   ``predict_with_interval(X, coverage) -> (pred, (n, 2))`` such as
   :class:`~perfcast.models.collective_model.CollectiveTimeRegressor`); otherwise the
   alpha-beta time on the run's own cluster (its intra- and inter-node link figures), with
@@ -52,7 +52,7 @@ import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -84,6 +84,7 @@ from perfcast.features.workload import (
     layers_per_rank,
     step_ops_key,
 )
+from perfcast.models.predictor_protocol import OpPredictor
 
 __all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
 
@@ -120,12 +121,6 @@ a stream of chunks builds each distinct body about once."""
 _BODIES = _Memo(BODY_CACHE_SIZE)
 _BASE_BODIES = _Memo(BODY_CACHE_SIZE)
 _STEP_OPS = _Memo(BODY_CACHE_SIZE)
-
-
-class OpPredictor(Protocol):
-    """Anything that times op-table rows: median and interval bounds in ms."""
-
-    def predict_ops(self, ops: pd.DataFrame, coverage: float = 0.9) -> tuple[Any, Any, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -181,7 +176,7 @@ class StepComposer:
     """Times workload-graph nodes with op predictors and composes them into steps.
 
     Args:
-        op_predictor: times compute nodes (``predict_ops(ops, coverage) -> (pred, lo, hi)``, ms).
+        op_predictor: times compute nodes (:class:`~perfcast.models.predictor_protocol.OpPredictor`).
         collective_predictor: times collective nodes; ``None`` uses alpha-beta on the run's
             cluster (see the module docstring).
         coverage: interval coverage asked of the predictors (0.9 = the 90% interval).
@@ -354,15 +349,9 @@ class StepComposer:
         op_cols = [c for c in ops.columns if c != "link"]
         if (~comm_u).any():
             compute = ops.loc[~comm_u, op_cols]
-            flagged = getattr(self.op_predictor, "predict_ops_flagged", None)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", OutOfDomainWarning)
-                if flagged is not None:  # one featurisation for times and flags
-                    p, a, b, f = flagged(compute, coverage=self.coverage)
-                else:
-                    p, a, b = self.op_predictor.predict_ops(compute, coverage=self.coverage)
-                    flags = getattr(self.op_predictor, "out_of_domain", None)
-                    f = flags(compute) if flags is not None else False
+                p, a, b, f = self.op_predictor.predict_ops_flagged(compute, coverage=self.coverage)
             pred[~comm_u], lo[~comm_u], hi[~comm_u] = p, a, b
             ood[~comm_u] = np.asarray(f, dtype=bool)
         if comm_u.any() and self.collective_predictor is not None:
@@ -478,8 +467,6 @@ def _link_key(cluster: ClusterSpec) -> str:
 
 
 def _predict_collectives(model: Any, ops: pd.DataFrame, coverage: float) -> tuple[Any, Any, Any]:
-    if hasattr(model, "predict_ops"):
-        return model.predict_ops(ops, coverage=coverage)
     pred, interval = model.predict_with_interval(ops, coverage=coverage)
     return pred, interval[:, 0], interval[:, 1]
 

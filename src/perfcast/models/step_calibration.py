@@ -69,6 +69,7 @@ from perfcast.models.correction_store import (
     summarize_reasons,
     write_json_atomic,
 )
+from perfcast.models.predictor_protocol import StepTimePredictor
 
 __all__ = [
     "CALIBRATED_COMPONENTS",
@@ -309,18 +310,21 @@ class CalibratedStepPredictor:
     """
 
     def __init__(
-        self, base: Any, corrections: Mapping[str, ClusterCorrection], *, where: str = "the given corrections"
+        self,
+        base: StepTimePredictor,
+        corrections: Mapping[str, ClusterCorrection],
+        *,
+        where: str = "the given corrections",
     ) -> None:
         self.base = base
         self.identity = predictor_identity(base)
         self.corrections = applicable(corrections, self.identity, where, "step")
-        base_name = getattr(base, "name", "model")
-        self.name = f"{base_name}+calibrated" if self.corrections else str(base_name)
+        self.name = f"{base.name}+calibrated" if self.corrections else str(base.name)
 
     @property
     def flags_out_of_domain(self) -> bool:
         """Whether the base predictor's rows carry an ``out_of_domain`` column."""
-        return bool(getattr(self.base, "flags_out_of_domain", False))
+        return self.base.flags_out_of_domain
 
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """The base predictor's rows with corrected clusters' times scaled, plus

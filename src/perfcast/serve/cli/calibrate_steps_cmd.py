@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from perfcast.errors import SpecError
+from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_calibration_dir
 from perfcast.serve.cli._guard import user_errors
 
@@ -43,7 +44,7 @@ class StepFit(NamedTuple):
     """Rows with a measured value used by no cluster (not a number, not a valid config), each with its reason."""
 
 
-def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> StepFit:
+def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> StepFit:
     """Per-cluster corrections, for ``predictor``, from the rows of ``runs`` that have a measured step.
 
     A row with an empty ``measured_step_ms`` was not measured and is skipped silently;
@@ -84,7 +85,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: object) -> StepFit:
     for pos in np.flatnonzero(usable):
         keys[pos] = config_cluster_key(parse_run_row(runs.iloc[pos].to_dict()))
     identity = predictor_identity(predictor)
-    name = str(getattr(predictor, "name", ""))
+    name = str(predictor.name)
     pred = predicted["step_ms"].to_numpy(dtype=float)
     corrections = []
     for key in sorted(set(keys[usable])):
