@@ -205,6 +205,8 @@ def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
                              params={"n_estimators": 20, "max_depth": 3, "n_jobs": 1})  # fmt: skip
     local = mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="plots/step_parity.png")
     assert matplotlib.image.imread(local).shape[0] > 200
+    logged = mlflow.get_run(run.info.run_id).data.params
+    assert float(logged["factor.attention"]) > 0  # the fitted physical factor is a tracked parameter
 
 
 @pytest.mark.shared_data

@@ -523,6 +523,9 @@ def train_step_predictor(
     start = time.perf_counter()
     model = fit_step_estimator(table, np.ones(len(table.runs), dtype=bool), model_type, **params)
     fit_seconds = time.perf_counter() - start
+    factors = model.factors_.to_dict() if hasattr(model, "factors_") else {}
+    if factors:
+        say("physical factors of the composed step: " + ", ".join(f"{k} x{v:.2f}" for k, v in factors.items()))
     metrics = _split_metrics(evaluation) if evaluation is not None else {}
     path = save_bundle(
         output,
@@ -535,7 +538,8 @@ def train_step_predictor(
     if tracking.active():
         sources = table.runs["source"].value_counts().to_dict()
         tracking.log_params({"model_type": model_type, "n_runs": len(table.runs), "n_invalid": len(table.errors),
-                             **{f"runs.{k}": v for k, v in sources.items()}, **params})  # fmt: skip
+                             **{f"runs.{k}": v for k, v in sources.items()}, **params,
+                             **{f"factor.{k}": v for k, v in factors.items()}})  # fmt: skip
         tracking.log_metrics({**metrics, "fit_seconds": fit_seconds})
         tracking.log_training_data(table.runs, name="run-records")
         if evaluation is not None:
