@@ -220,16 +220,6 @@ def test_step_plan_of_several_arrays_equals_compose_step_per_array(name, overlap
     assert steps[1].step_ms < steps[0].step_ms == steps[2].step_ms < steps[3].step_ms
 
 
-def test_segment_rows_spell_the_chosen_segments():
-    from perfcast.features.schedule import segment_rows
-
-    segments = [np.array([1, 2]), np.array([3]), np.array([4, 5, 6])]
-    which = [2, 0, 2, 1]
-    rows = segment_rows([len(s) for s in segments], which)
-    np.testing.assert_array_equal(np.concatenate(segments)[rows], np.concatenate([segments[k] for k in which]))
-    assert len(segment_rows([2, 1], [])) == 0
-
-
 BODY_LAYOUTS = [
     {},
     {"tp": 2, "sequence_parallel": True, "dp": 2, "global_batch": 8},
