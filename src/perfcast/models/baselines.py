@@ -20,6 +20,7 @@ from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from perfcast.features.op_features import featurize_ops
+from perfcast.models.intervals import check_coverage
 
 TINY_ROOFLINE_MS = 1e-3
 LAUNCH_QUANTILE = 0.05
@@ -29,6 +30,16 @@ DEFAULT_LAUNCH_MS = 0.01
 def _roofline_and_class(X: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     feats = featurize_ops(X)
     return feats["roofline_ms"].to_numpy(dtype=float), feats["op_class"].to_numpy(dtype=str)
+
+
+def _point_interval(pred: np.ndarray, coverage: float) -> np.ndarray:
+    """``(n, 2)`` bounds both equal to ``pred``, ms.
+
+    Raises:
+        SpecError: ``coverage`` outside (0, 1), as every estimator's interval refuses it.
+    """
+    check_coverage(coverage)
+    return np.column_stack([pred, pred])
 
 
 class RooflineBaseline(BaseEstimator, RegressorMixin):
@@ -45,9 +56,8 @@ class RooflineBaseline(BaseEstimator, RegressorMixin):
         return _roofline_and_class(X)[0]
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
-        """No uncertainty: both bounds are the prediction."""
-        pred = self.predict(X)
-        return np.column_stack([pred, pred])
+        """No uncertainty: both bounds are the prediction (``coverage`` is checked, then unused)."""
+        return _point_interval(self.predict(X), coverage)
 
 
 class EfficiencyBaseline(BaseEstimator, RegressorMixin):
@@ -74,6 +84,5 @@ class EfficiencyBaseline(BaseEstimator, RegressorMixin):
         return self.launch_ms_ + roof / eff
 
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
-        """No uncertainty: both bounds are the prediction."""
-        pred = self.predict(X)
-        return np.column_stack([pred, pred])
+        """No uncertainty: both bounds are the prediction (``coverage`` is checked, then unused)."""
+        return _point_interval(self.predict(X), coverage)
