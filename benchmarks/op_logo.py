@@ -37,6 +37,7 @@ from perfcast.features.hardware import resolve_gpu_name
 from perfcast.features.op_features import featurize_ops
 from perfcast.models.op_model import OpTimeRegressor
 from perfcast.training.evaluate import evaluate_logo, evaluation_class, few_shot_curve, markdown_table
+from perfcast.training.metrics import summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -59,6 +60,16 @@ def _markdown(mape: pd.DataFrame, coverage: pd.DataFrame) -> str:
         f"| {idx} coverage | " + " | ".join(f"{100 * v:.1f}" for v in row) + " |" for idx, row in coverage.iterrows()
     ]
     return "\n".join([head, rule, *body])
+
+
+def per_op_table(predictions: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
+    """The model's metrics per held-out GPU, class and op (``predictions`` of ``evaluate_logo``)."""
+    frame = predictions.assign(op=records.loc[predictions.index, "op"].to_numpy())
+    rows = []
+    for (gpu, klass, op), block in frame.groupby(["gpu", "eval_class", "op"]):
+        metrics = summarize(block["model"], block["measured_ms"], block["model_lo"], block["model_hi"])
+        rows.append({"gpu": gpu, "eval_class": klass, "op": op, **metrics})
+    return pd.DataFrame(rows)
 
 
 def main() -> None:
@@ -117,6 +128,7 @@ def main() -> None:
         "rows": len(records),
         "gpus": sorted(records["gpu"].unique()),
         "per_gpu": logo.table.to_dict("records"),
+        "per_gpu_op": per_op_table(logo.predictions, records).to_dict("records"),
         "median_over_gpus": summary.to_dict("records"),
         "few_shot_per_gpu": few.to_dict("records"),
         "few_shot_median_mape": {

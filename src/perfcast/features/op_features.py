@@ -205,8 +205,9 @@ def timing_feature(timing: np.ndarray) -> np.ndarray:
     Raises:
         SpecError: a value that is not a known timing.
     """
-    codes = {v: float(OpTiming.parse(v).includes_launch) for v in pd.unique(np.asarray(timing, dtype=object))}
-    return np.array([codes[v] for v in timing], dtype=float)
+    codes, values = pd.factorize(np.asarray(timing, dtype=object))
+    launch = np.array([float(OpTiming.parse(v).includes_launch) for v in values])
+    return launch[codes] if len(codes) else np.empty(0)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -126,9 +126,11 @@ def base_ms(
         return np.array([lmap[v] for v in vendors], dtype=float) + roof
     if not any(len(key) == 3 and key[1] == cls for key in launch):
         raise KeyError(f"no launch term of class {cls!r} for any timing")
-    keys = pd.MultiIndex.from_arrays([vendors, np.asarray(timing)])
-    terms = {}
-    for vendor, value in keys.unique():
-        pooled = launch.get((POOLED, cls, str(value)), default_launch_ms(str(value)))
-        terms[(vendor, value)] = launch.get((str(vendor), cls, str(value)), pooled)
-    return np.array([terms[k] for k in keys], dtype=float) + roof
+    vendor_code, vendor_names = pd.factorize(vendors)
+    timing_code, timing_names = pd.factorize(np.asarray(timing, dtype=object))
+    terms = np.empty((len(vendor_names), len(timing_names)))
+    for j, value in enumerate(map(str, timing_names)):
+        pooled = launch.get((POOLED, cls, value), default_launch_ms(value))
+        for i, vendor in enumerate(map(str, vendor_names)):
+            terms[i, j] = launch.get((vendor, cls, value), pooled)
+    return terms[vendor_code, timing_code] + roof
