@@ -20,7 +20,7 @@ import logging
 import math
 import os
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -229,11 +229,26 @@ def corrections_for(
     return out
 
 
-def json_object(text: str, where: str) -> dict[str, Any]:
-    """The JSON object in ``text``.
+def stored_fields(
+    text: str,
+    where: str,
+    *,
+    kind: str,
+    versions: Sequence[int],
+    allowed: Iterable[str],
+    required: Sequence[str],
+) -> dict[str, Any]:
+    """The fields of a stored correction: the JSON object in ``text`` less its ``schema_version``.
+
+    Args:
+        where: the file, named in every error.
+        kind: what the file should hold, for the error (``"GPU correction"``).
+        versions: the readable schema versions.
+        allowed, required: the fields the object may hold and those it must hold.
 
     Raises:
-        BundleError: invalid JSON or not an object (named with ``where``).
+        BundleError: invalid JSON, not an object, a schema version outside ``versions``, a
+            field outside ``allowed`` or a missing ``required`` one.
     """
     try:
         data = json.loads(text)
@@ -241,6 +256,15 @@ def json_object(text: str, where: str) -> dict[str, Any]:
         raise BundleError(f"{where}: invalid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise BundleError(f"{where}: not a JSON object but {type(data).__name__}")
+    if data.pop("schema_version", None) not in versions:
+        raise BundleError(f"{where}: not a perfcast {kind} (schema_version one of {', '.join(map(str, versions))})")
+    known = set(allowed)
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise BundleError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
+    for name in required:
+        if name not in data:
+            raise BundleError(f"{where}: field {name!r} is missing")
     return data
 
 

@@ -61,11 +61,11 @@ from perfcast.models.correction_store import (
     FieldCheck,
     applicable,
     corrections_for,
-    json_object,
     predictor_identity,
     read_json_files,
     screen_measurements,
     store_stem,
+    stored_fields,
     summarize_reasons,
     write_json_atomic,
 )
@@ -164,17 +164,14 @@ class ClusterCorrection:
             BundleError: invalid JSON, another schema, or a field of the wrong type or with a
                 non-finite or nonsensical value (named with ``where``, the file).
         """
-        data = json_object(text, where)
-        if data.pop("schema_version", None) not in READABLE_SCHEMA_VERSIONS:
-            versions = ", ".join(map(str, READABLE_SCHEMA_VERSIONS))
-            raise BundleError(f"{where}: not a perfcast step correction (schema_version one of {versions})")
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise BundleError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(known))}")
-        for name in ("cluster", "shift", "n_runs", "log_residuals"):
-            if name not in data:
-                raise BundleError(f"{where}: field {name!r} is missing")
+        data = stored_fields(
+            text,
+            where,
+            kind="step correction",
+            versions=READABLE_SCHEMA_VERSIONS,
+            allowed=cls.__dataclass_fields__,
+            required=("cluster", "shift", "n_runs", "log_residuals"),
+        )
         check = FieldCheck(where)
         check.text(data["cluster"], "cluster", nonempty=True)
         bound = math.log(MAX_STEP_RATIO)
