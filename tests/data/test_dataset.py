@@ -46,6 +46,14 @@ def test_round_trip_keeps_records_and_card(tmp_path: Path) -> None:
     assert ds.list_datasets(tmp_path) == [path]
 
 
+def test_the_card_counts_the_timing_methods_and_the_column_survives(tmp_path: Path) -> None:
+    records = _records().assign(timing=["gpu_kernels", "cpu_op"])
+    path = ds.write_dataset(tmp_path / "d", source="unit-test", how_measured="traces", ops=records)
+    loaded = ds.load_dataset(path)
+    assert loaded.card["tables"]["ops"]["timing_counts"] == {"gpu_kernels": 1, "cpu_op": 1}
+    assert loaded.ops["timing"].tolist() == ["gpu_kernels", "cpu_op"]
+
+
 def test_failed_write_keeps_the_previous_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = ds.write_dataset(tmp_path / "d", source="v1", how_measured="x", ops=_records())
 
