@@ -281,3 +281,24 @@ def test_corrupt_files_in_the_store_are_refused(tmp_path: Path) -> None:
     (tmp_path / "t4--flat.json").write_bytes(b"\xff\xfe")
     with pytest.raises(BundleError, match="cannot read"):
         load_corrections(tmp_path, "flat")
+
+
+def test_a_gemm_correction_applies_to_the_dtype_family_it_measured() -> None:
+    measured_ops = _ops(30).assign(dtype="bf16")
+    corr = fit_correction("h100-sxm5-80gb", measured_ops, np.full(30, 1.5), np.ones(30), predictor="flat")
+    assert set(corr.shifts) == {"gemm@16-bit"}
+    predictor = CalibratedPredictor(_Flat(), {"h100-sxm5-80gb": corr})
+    query = pd.concat([_ops(2).assign(dtype=d) for d in ("bf16", "fp16", "fp32", "fp8")], ignore_index=True)
+    pred, lo, hi = predictor.predict_ops(query)
+    assert pred[:4] == pytest.approx(np.exp(corr.shifts["gemm@16-bit"]))  # bf16 and fp16: one family
+    np.testing.assert_array_equal(pred[4:], 1.0)  # fp32 and fp8 GEMMs were not measured: the model's own
+    np.testing.assert_array_equal(hi[4:], 1.25)
+    assert predictor.applied_calibrations(query).tolist() == [corr.label] * 4 + [""] * 4
+
+
+def test_a_correction_stored_per_class_still_applies_to_every_dtype() -> None:
+    whole = GpuCorrection(gpu="h100-sxm5-80gb", shifts={"gemm": float(np.log(2.0))}, n_ops={"gemm": 5},
+                          predictor="flat")  # fmt: skip
+    query = pd.concat([_ops(1).assign(dtype=d) for d in ("bf16", "fp32")], ignore_index=True)
+    pred, _, _ = CalibratedPredictor(_Flat(), {"h100-sxm5-80gb": whole}).predict_ops(query)
+    assert pred == pytest.approx([2.0, 2.0])

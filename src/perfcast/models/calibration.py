@@ -3,7 +3,10 @@
 On a GPU nobody measured, much of the op model's error is a shift shared by that GPU's
 ops (its launch overhead, its achieved bandwidth), and the rest depends on the shape (a
 GEMM family that runs a worse kernel there). A few measured ops of the user's own GPU
-estimate both, per op class:
+estimate both, per correction group (:func:`correction_groups`: the op class, and for GEMMs
+also the dtype family, since a calibration run measures one dtype and another dtype's GEMMs
+run other kernels at another peak; GEMMs of a family no measured op had keep the model's
+prediction and interval):
 
 * ``shift = median(log(measured / predicted)) * k / (k + SHRINK_OPS)`` for ``k`` ops, shrunk
   toward zero when ``k`` is small;
@@ -69,6 +72,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from perfcast.data.schema import DType
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.ops import op_classes, op_kinds
 from perfcast.models.correction_fit import GP_CHUNK_ROWS as GP_CHUNK_ROWS
@@ -109,6 +113,7 @@ from perfcast.models.correction_store import (
     write_json_atomic,
 )
 from perfcast.models.intervals import conformal_bounds, log_interval, straddle_zero
+from perfcast.models.op_bounds import dtype_family
 from perfcast.models.predictor_protocol import OpPrediction, OpPredictor
 
 __all__ = [
@@ -127,6 +132,33 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MIN_OPS_FOR_SPREAD = 20
+GROUP_SEP = "@"
+"""Separates an op class from the GEMM dtype family in a correction group (``gemm@16-bit``)."""
+DTYPE_GROUPED_CLASSES = ("gemm",)
+"""Op classes whose corrections are kept per dtype family."""
+
+
+def correction_groups(ops: pd.DataFrame, kinds: np.ndarray) -> np.ndarray:
+    """Per op row, the group a correction is fitted and applied per: the op class (``vector``),
+    or for :data:`DTYPE_GROUPED_CLASSES` the class and the dtype family of the row's ``dtype``
+    (``gemm@16-bit``; the class alone where the dtype is missing or unknown)."""
+    groups = op_classes(kinds).astype(object)
+    split = np.isin(groups, DTYPE_GROUPED_CLASSES)
+    if split.any() and "dtype" in ops:
+        names = ops["dtype"].astype(str).str.strip().str.lower().to_numpy()
+        known = {d.value: d.bytes_per_element for d in DType}
+        elem = np.array([known.get(n, np.nan) for n in names], dtype=float)
+        stated = split & np.isfinite(elem)
+        families = dtype_family(np.where(stated, elem, 0.0))
+        groups[stated] = groups[stated] + GROUP_SEP + families[stated]
+    return groups
+
+
+def group_class(group: str) -> str:
+    """The op class of a correction group (``gemm@16-bit`` -> ``gemm``)."""
+    return group.split(GROUP_SEP, 1)[0]
+
+
 SCHEMA_VERSION = 5
 READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)  # 1: shift only; 2: GP, no trend; 3: no trees; 4: no predictor key
 MAX_OP_RATIO = 1000.0
@@ -214,13 +246,24 @@ class GpuCorrection:
         if not len(ops):
             return out
         kinds = op_kinds(ops)
-        classes = op_classes(kinds)
-        for cls, shift in self.shifts.items():
-            m = classes == cls
+        groups = self.groups_of(ops, kinds)
+        for group, shift in self.shifts.items():
+            m = groups == group
             if not m.any():
                 continue
-            out[m] = class_log_factor(shift, self.residual.get(cls), self.trees.get(cls), ops.loc[m], cls, kinds[m])
+            cls = group_class(group)
+            out[m] = class_log_factor(shift, self.residual.get(group), self.trees.get(group), ops.loc[m], cls, kinds[m])
         return out
+
+    def groups_of(self, ops: pd.DataFrame, kinds: np.ndarray) -> np.ndarray:
+        """Each row's correction group; a correction stored per class alone (written before
+        dtype groups) applies to every dtype of its class, as it was fitted."""
+        groups = correction_groups(ops, kinds)
+        whole = [g for g in self.shifts if GROUP_SEP not in g and g in DTYPE_GROUPED_CLASSES]
+        if whole:
+            classes = np.array([group_class(g) for g in groups], dtype=object)
+            groups = np.where(np.isin(classes, whole), classes, groups)
+        return groups
 
     def correct(
         self, ops: pd.DataFrame, pred: np.ndarray, lo: np.ndarray, hi: np.ndarray, *, coverage: float = 0.9
@@ -234,14 +277,14 @@ class GpuCorrection:
         if not len(ops):
             return pred, lo, hi
         factor = np.exp(self.log_factors(ops))
-        classes = op_classes(op_kinds(ops))
-        for cls in self.shifts:
-            m = classes == cls
+        groups = self.groups_of(ops, op_kinds(ops))
+        for group in self.shifts:
+            m = groups == group
             if not m.any():
                 continue
             pred[m] *= factor[m]
-            if cls in self.spread:
-                q_lo, q_hi = straddle_zero(*conformal_bounds(np.asarray(self.spread[cls]), coverage))
+            if group in self.spread:
+                q_lo, q_hi = straddle_zero(*conformal_bounds(np.asarray(self.spread[group]), coverage))
                 lo[m], hi[m] = log_interval(pred[m], q_lo, q_hi).T
             else:
                 lo[m] *= factor[m]
@@ -275,7 +318,7 @@ def fit_correction(
         raise SpecError(
             f"measured_ms has {measured.shape} values, predicted_ms {predicted.shape} and ops {len(ops)} rows"
         )
-    classes_all = op_classes(op_kinds(ops)) if len(ops) else np.array([], dtype=object)
+    classes_all = correction_groups(ops, op_kinds(ops)) if len(ops) else np.array([], dtype=object)
     ok, excluded = screen_measurements(
         measured, predicted, labels, max_ratio=MAX_OP_RATIO, field_name="measured_ms", groups=classes_all
     )
@@ -285,21 +328,22 @@ def fit_correction(
         logger.info("calibration of %s leaves out %d measured ops: %s", gpu, len(excluded), summarize_reasons(excluded))
     used = ops.loc[ok]
     kinds = op_kinds(used)
-    classes = op_classes(kinds)
+    groups = classes_all[ok]
     residual = np.log(measured[ok] / predicted[ok])
     shifts, n_ops, spread, gps, trees = {}, {}, {}, {}, {}
-    for cls in (str(c) for c in np.unique(classes)):
-        m = classes == cls
+    for group in (str(g) for g in np.unique(groups)):
+        m = groups == group
+        cls = group_class(group)
         cls_ops, cls_kinds, r = used.loc[m], kinds[m], residual[m]
-        shifts[cls], gp, cls_trees, loo = fit_class(cls_ops, cls, cls_kinds, r)
-        n_ops[cls] = len(r)
+        shifts[group], gp, cls_trees, loo = fit_class(cls_ops, cls, cls_kinds, r)
+        n_ops[group] = len(r)
         if gp:
-            gps[cls] = gp
+            gps[group] = gp
         if cls_trees:
-            trees[cls] = cls_trees
+            trees[group] = cls_trees
             loo = cross_fitted_residuals(cls_ops, cls, cls_kinds, r)
         if len(r) >= MIN_OPS_FOR_SPREAD:
-            spread[cls] = np.sort(loo).tolist()
+            spread[group] = np.sort(loo).tolist()
     created = datetime.now(UTC).isoformat(timespec="seconds")
     return GpuCorrection(
         gpu=gpu,
@@ -364,9 +408,9 @@ class CalibratedPredictor:
         if not self.corrections or not len(ops):
             return out
         gpus = ops["gpu"].astype(str).to_numpy()
-        classes = op_classes(op_kinds(ops))
+        kinds = op_kinds(ops)
         for gpu, corr in self.corrections.items():
-            out[(gpus == gpu) & np.isin(classes, list(corr.shifts))] = corr.label
+            out[(gpus == gpu) & np.isin(corr.groups_of(ops, kinds), list(corr.shifts))] = corr.label
         return out
 
 
@@ -409,7 +453,7 @@ def _check_gp(check: FieldCheck, gp: dict[str, Any], name: str) -> None:
     for i, item in enumerate(inputs):
         if item not in allowed:
             raise check.fail(f"{name}.inputs[{i}]", item, ", ".join(allowed))
-    cls = name.rpartition(".")[2]
+    cls = group_class(name.rpartition(".")[2])
     width = sum(len(RESIDUAL_DIMS.get(cls, ())) if item == "dims" else 1 for item in inputs)
     for i, point in enumerate(check.sequence(gp["x"], f"{name}.x", length=len(alpha))):
         check.numbers(point, f"{name}.x[{i}]", length=width)
