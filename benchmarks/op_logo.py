@@ -14,12 +14,13 @@ measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` 
 and uniformly at random from the GPU's ops.
 
 ``--classes vector`` keeps only that op class's rows (a faster run for one class);
+``--exclude vidur:silu,vidur:embedding`` leaves out one source's rows of some ops;
 ``--no-timing`` fits the timing-blind model (one launch term for every source's timing
 method, the model before ``timing``); ``--repeats 0`` and ``--no-few-shot`` skip the fit
 timing and the few-shot curve.
 
 Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
-       [--classes vector] [--no-timing] [--repeats N] [--no-few-shot] [--name NAME]
+       [--classes vector] [--exclude SOURCE:OP,...] [--no-timing] [--repeats N] [--no-few-shot] [--name NAME]
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def main() -> None:
     parser.add_argument("--sources", default="neusight-gemm,neusight-vector")
     parser.add_argument("--repeats", type=int, default=3, help="Fits on all rows to time (0: none).")
     parser.add_argument("--classes", default="", help="Op classes to keep (comma-separated; default all).")
+    parser.add_argument("--exclude", default="",
+                        help="SOURCE:OP pairs to leave out, comma-separated (vidur:silu: Vidur's silu).")  # fmt: skip
     parser.add_argument("--timing", action=argparse.BooleanOptionalAction, default=True,
                         help="Model the timing method of each row (OpTimeRegressor(timing=...)).")  # fmt: skip
     parser.add_argument("--few-shot", action=argparse.BooleanOptionalAction, default=True)
@@ -96,6 +99,9 @@ def main() -> None:
     keep = op_class != "collective"
     if args.classes:
         keep &= pd.Series(op_class).isin(args.classes.split(",")).to_numpy()
+    for pair in filter(None, args.exclude.split(",")):
+        source, op = pair.split(":", 1)
+        keep &= ~(records["source"].astype(str).str.startswith(source + ":") & (records["op"] == op)).to_numpy()
     records = records[keep].reset_index(drop=True)
     y = records["measured_ms"].to_numpy(dtype=float)
     classes = evaluation_class(records, featurize_ops(records)["op_class"])
@@ -146,6 +152,7 @@ def main() -> None:
     (OUT / f"{args.name}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     command = " ".join(
         [f"--sources {args.sources}", f"--classes {args.classes}" if args.classes else "",
+         f"--exclude {args.exclude}" if args.exclude else "",
          "" if args.timing else "--no-timing", f"--repeats {args.repeats}" if args.repeats != 3 else "",
          "" if args.few_shot else "--no-few-shot", f"--name {args.name}"]
     ).split()  # fmt: skip
