@@ -223,7 +223,7 @@ def test_out_of_domain_warns_once_with_count(fitted, data):
 
 def test_few_gpus_fall_back_to_row_folds(caplog):
     ops, t = make_ops({"t4": 0.6, "p100-pcie-16gb": 0.58}, n_gemm=80, n_vector=0)
-    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_model"):
+    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_interval"):
         model = OpTimeRegressor(n_estimators=10, n_jobs=1).fit(ops, t)
     assert model.interval_kind_ == {"gemm": "row"}
     assert "WITHIN-GPU" in caplog.text
@@ -248,7 +248,7 @@ def test_a_class_seen_on_one_gpu_borrows_the_gemm_gpu_shifts(caplog):
     attn["seq_kv"] = attn["seq_q"]  # fmt: skip
     feats = featurize_ops(attn)
     y_attn = TRUE_LAUNCH_MS + feats["roofline_ms"].to_numpy() / 0.5 * rng.lognormal(0, 0.02, len(attn))
-    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_model"):
+    with caplog.at_level(logging.WARNING, logger="perfcast.models.op_interval"):
         model = OpTimeRegressor(**FAST).fit(pd.concat([ops, attn], ignore_index=True), np.r_[t, y_attn])
     assert model.interval_kind_ == {"gemm": "gpu", "attention": "borrowed:gemm"}
     np.testing.assert_array_equal(model.gpu_shifts_["attention"], model.gpu_shifts_["gemm"])

@@ -16,24 +16,10 @@ class fitted on ``log(t / t_base)`` over the GPU-relative features of
 The physics carries the scale, the trees the efficiency, so the model transfers to GPUs
 it has not seen (leave-one-GPU-out results: ``benchmarks/results/op_logo.md``).
 
-The interval answers "how wrong is the model on a GPU it has not seen". An inner
-leave-one-GPU-out loop over the ``n`` training GPUs collects out-of-GPU log residuals.
-They split into a shift per GPU (the median residual of its ops, ``s_g``) and the spread
-of the ops around it (``e``, each GPU with equal total weight). Since the shifts dominate
-and come from a handful of GPUs, the interval treats the shift of a new GPU as a draw of a
-random effect, a Student-t predictive over the ``n`` observed shifts,
-
-.. math::
-
-    r = S + E, \\qquad S \\sim \\bar s + s_s \\sqrt{1 + 1/n}\\; t_{n-1}, \\qquad E \\sim \\{e\\},
-
-and the interval is ``pred * exp([-q, q])`` with ``q`` the ``c`` quantile of ``|r|``
-(:func:`~perfcast.models.intervals.random_effect_abs_quantile`): the absolute-residual
-score of split conformal, symmetric in log time around the median. It widens with the
-disagreement between GPUs rather than being set by the ops of the GPUs seen, so a GPU
-unlike the rest keeps most of its coverage. It is symmetric because the skew of a handful
-of calibration GPUs' residuals does not carry to the next GPU (the comparison with the
-skewed quantile interval: ``benchmarks/results/docstring_notes.md``).
+The interval (:mod:`perfcast.models.op_interval`) answers "how wrong is the model on a GPU it
+has not seen": a random effect for the new GPU's shift, fitted on out-of-GPU log residuals of
+an inner leave-one-GPU-out loop, plus the spread of the ops around their GPU's shift; it is
+``pred * exp([-q, q])``, symmetric in log time around the median.
 
 Physical bounds (:mod:`perfcast.models.op_bounds`): whatever the trees say, a predicted time
 is never below the op's roofline time over the efficiency ceiling ``eta`` of its class and
@@ -62,7 +48,6 @@ Shapes:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -83,41 +68,19 @@ from perfcast.features.op_features import (
     timing_feature,
 )
 from perfcast.features.ops import OpClass
-from perfcast.models import op_bounds, op_domain
-from perfcast.models.intervals import (
-    central_levels,
-    check_coverage,
-    log_interval,
-    random_effect_abs_quantile,
-    split_group_shifts,
-    straddle_zero,
-    weighted_quantile,
-    weighted_quantiles,
-)
+from perfcast.models import op_bounds, op_domain, op_interval
+from perfcast.models.intervals import check_coverage, log_interval, split_group_shifts, weighted_quantiles
 from perfcast.models.op_base import LAUNCH_QUANTILE as LAUNCH_QUANTILE
 from perfcast.models.op_base import LAUNCH_ROOFLINE_MS as LAUNCH_ROOFLINE_MS
 from perfcast.models.op_base import MIN_LAUNCH_ROWS as MIN_LAUNCH_ROWS
 from perfcast.models.op_base import base_ms, fit_launch
 from perfcast.models.op_domain import featurize_known, rows_hint, warn_out_of_domain
+from perfcast.models.op_interval import INNER_ROWS_FRACTION, INNER_TREES_FRACTION, RESIDUAL_LEVELS, gpu_equal_weights
 
 __all__ = ["OpTimeRegressor"]
 
-logger = logging.getLogger(__name__)
-
 MODELLED_CLASSES = (OpClass.GEMM.value, OpClass.VECTOR.value, OpClass.ATTENTION.value)
 DEFAULT_MAX_DEPTH = {OpClass.GEMM.value: 4, OpClass.VECTOR.value: 5, OpClass.ATTENTION.value: 5}
-
-INNER_ROWS_FRACTION = 0.5  # the inner LOGO loop fits on half the rows ...
-INNER_TREES_FRACTION = 0.75  # ... and 3/4 of the trees (research: 20k rows / 300 trees)
-MIN_CALIBRATION_GPUS = 3
-N_ROW_FOLDS = 5
-
-SHIFT_DONORS = {OpClass.ATTENTION.value: OpClass.GEMM.value}
-"""A class fitted on fewer than MIN_CALIBRATION_GPUS GPUs borrows the GPU shifts of this class:
-fused attention is matmul-bound, and the shipped default learns it from one GPU (H200)."""
-
-RESIDUAL_LEVELS = np.linspace(0.0, 1.0, 1001)
-"""Levels of the equal-weight points kept of each class's residual distribution (steps of 0.1%)."""
 
 
 class OpTimeRegressor(RegressorMixin, BaseEstimator):
@@ -149,7 +112,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         gpu_shifts_: ``{class: shifts}``, the median out-of-GPU log residual of each
             calibration GPU (empty without a GPU-level calibration).
         interval_kind_: ``{class: "gpu" | "row" | "in-sample" | "borrowed:<class>"}``
-            (borrowed: too few GPUs of its own, see :data:`SHIFT_DONORS`).
+            (borrowed: too few GPUs of its own, see :data:`~perfcast.models.op_interval.SHIFT_DONORS`).
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
         train_elem_bytes_: element sizes (``DType.bytes_per_element``) of the training rows;
             other dtypes are out of domain.
@@ -229,7 +192,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
                 self.gpu_shifts_[cls] = np.empty(0)
             grid = weighted_quantiles(res, weights, RESIDUAL_LEVELS)
             self.residuals_[cls] = (grid, np.ones_like(grid))
-        self._borrow_gpu_shifts()
+        op_interval.borrow_gpu_shifts(self.interval_kind_, self.gpu_shifts_)
         self.efficiency_ceiling_ = op_bounds.fit_efficiency_ceilings(feats, t, classes)
 
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
@@ -249,26 +212,6 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         if not getattr(self, "uses_timing_", False):
             return None
         return record_timing(X, QUERY_TIMING)
-
-    def _borrow_gpu_shifts(self) -> None:
-        """Give a class fitted on too few GPUs the GPU shifts of its :data:`SHIFT_DONORS` class.
-
-        Its interval then adds the donor's spread between GPUs to its own within-GPU spread
-        (``interval_kind_`` ``"borrowed:<donor>"``) instead of covering only the GPUs it saw.
-        """
-        for cls, donor in SHIFT_DONORS.items():
-            if (
-                self.interval_kind_.get(cls, "gpu") != "gpu"
-                and self.interval_kind_.get(donor) == "gpu"
-                and len(self.gpu_shifts_[donor]) >= MIN_CALIBRATION_GPUS
-            ):
-                self.gpu_shifts_[cls] = self.gpu_shifts_[donor].copy()
-                self.interval_kind_[cls] = f"borrowed:{donor}"
-                logger.warning(
-                    "%s: instead of that within-GPU interval, the %s class's shifts between %d GPUs are added to "
-                    "its spread (a GPU-level interval borrowed from %s)",
-                    cls, donor, len(self.gpu_shifts_[donor]), donor,
-                )  # fmt: skip
 
     def _check_params(self) -> None:
         checks = {
@@ -368,45 +311,31 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         launch: Mapping[tuple[str, ...], float],
         timing: np.ndarray | None = None,
     ) -> tuple[tuple[np.ndarray, np.ndarray], str]:
-        """Log residuals ``log(t / pred)`` and their weights for the interval of one class."""
-        gpus = feats["gpu_id"].to_numpy()
-        distinct = sorted(pd.unique(gpus))
-        if not self.calibrate:
-            pred = base_ms(feats, launch, cls, timing) * np.exp(_raw_predict(booster, feats, cls, timing))
-            return (np.log(t / pred), _gpu_equal_weights(gpus, w)), "in-sample"
+        """Log residuals, weights and interval kind of one class (:func:`.op_interval.fit_residuals`)."""
         inner_rows = max(10, int(self.max_rows_per_gpu * INNER_ROWS_FRACTION))
         inner_trees = max(1, int(round(self.n_estimators * INNER_TREES_FRACTION)))
-        rng = np.random.default_rng(self.random_state + 1)
-        res = np.full(len(t), np.nan)
-        if len(distinct) >= MIN_CALIBRATION_GPUS:
-            kind = "gpu"
-            folds = [gpus == g for g in distinct]
-        else:
-            kind = "row"
-            logger.warning(
-                "%s: only %d training GPU(s) (%s); the interval comes from %d-fold out-of-fold residuals over "
-                "rows, a WITHIN-GPU interval that under-covers on unseen GPUs",
-                cls, len(distinct), ", ".join(distinct), N_ROW_FOLDS,
-            )  # fmt: skip
-            n_folds = min(N_ROW_FOLDS, len(t))
-            fold_of = rng.permutation(len(t)) % n_folds
-            folds = [fold_of == f for f in range(n_folds)] if n_folds >= 2 else []
-        for held in folds:
-            if held.all() or not held.any():
-                continue
-            fi, ti = feats.loc[~held], t[~held]
+
+        def in_sample(rows: np.ndarray) -> np.ndarray:
+            tr = None if timing is None else timing[rows]
+            return base_ms(feats.loc[rows], launch, cls, tr) * np.exp(_raw_predict(booster, feats.loc[rows], cls, tr))
+
+        def out_of_fold(held: np.ndarray, rng: np.random.Generator) -> np.ndarray:
             tin, tout = (None, None) if timing is None else (timing[~held], timing[held])
+            fi, ti = feats.loc[~held], t[~held]
             inner_launch, inner = self._fit_class(cls, fi, ti, w[~held], rng, inner_rows, inner_trees, tin)
             fo = feats.loc[held]
-            pred = base_ms(fo, inner_launch, cls, tout) * np.exp(_raw_predict(inner, fo, cls, tout))
-            res[held] = np.log(t[held] / pred)
-        if np.isnan(res).any():  # too few rows to hold any out: in-sample
-            miss = np.isnan(res)
-            tm = None if timing is None else timing[miss]
-            pred = base_ms(feats.loc[miss], launch, cls, tm) * np.exp(_raw_predict(booster, feats.loc[miss], cls, tm))
-            res[miss] = np.log(t[miss] / pred)
-            kind = "in-sample" if miss.all() else kind
-        return (res, _gpu_equal_weights(gpus, w)), kind
+            return base_ms(fo, inner_launch, cls, tout) * np.exp(_raw_predict(inner, fo, cls, tout))
+
+        return op_interval.fit_residuals(
+            cls,
+            feats["gpu_id"].to_numpy(),
+            t,
+            w,
+            calibrate=self.calibrate,
+            seed=self.random_state + 1,
+            in_sample=in_sample,
+            out_of_fold=out_of_fold,
+        )
 
     # ------------------------------------------------------------------------ predict
 
@@ -467,8 +396,9 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         """The log-residual quantiles ``(q_lo <= 0 <= q_hi)`` of ``op_class``'s interval.
 
         With a GPU-level calibration (own or borrowed shifts), ``(-q, q)`` for ``q`` the
-        ``coverage`` quantile of the random-effect ``|S + E|`` (module docstring); otherwise the ``(1-c)/2`` and
-        ``(1+c)/2`` quantiles of the row-fold or in-sample residuals.
+        ``coverage`` quantile of the random-effect ``|S + E|``; otherwise the ``(1-c)/2`` and
+        ``(1+c)/2`` quantiles of the row-fold or in-sample residuals
+        (:func:`~perfcast.models.op_interval.residual_quantiles`).
 
         The result is cached per ``(op_class, coverage)`` on the model (cleared by ``fit``,
         empty after loading; not saved).
@@ -483,12 +413,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
     def _residual_quantiles(self, op_class: str, coverage: float) -> tuple[float, float]:
         values, weights = self.residuals_[op_class]
         shifts = self.gpu_shifts_.get(op_class, np.empty(0))
-        if len(shifts) >= MIN_CALIBRATION_GPUS:
-            q = random_effect_abs_quantile(shifts, values, weights, coverage)
-            q_lo, q_hi = -q, q
-        else:
-            q_lo, q_hi = (weighted_quantile(values, weights, level) for level in central_levels(coverage))
-        return straddle_zero(q_lo, q_hi)
+        return op_interval.residual_quantiles(values, weights, shifts, coverage)
 
     def feature_importance(self) -> dict[str, dict[str, float]]:
         """Total gain of each feature, per op class."""
@@ -632,13 +557,4 @@ def _sample_per_gpu(
             rows = np.sort(rng.choice(rows, max_rows, replace=False))
         parts.append(rows)
     idx = np.concatenate(parts)
-    return idx, _gpu_equal_weights(gpus[idx], w[idx])
-
-
-def _gpu_equal_weights(gpus: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``w`` rescaled so every GPU's rows sum to the same total; mean 1."""
-    out = np.asarray(w, dtype=float).copy()
-    for gpu in pd.unique(gpus):
-        m = gpus == gpu
-        out[m] = out[m] / out[m].sum()
-    return out / out.mean()
+    return idx, gpu_equal_weights(gpus[idx], w[idx])
