@@ -7,8 +7,11 @@ records against them, and the features layer gives them their physical meaning.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TypeVar
 
 from perfcast.errors import SpecError
+
+EnumT = TypeVar("EnumT", bound=Enum)
 
 
 class OpType(str, Enum):
@@ -89,12 +92,7 @@ class DType(str, Enum):
         if isinstance(value, DType):
             return value
         key = str(value).strip().lower().removeprefix("torch.")
-        key = _ALIASES.get(key, key)
-        try:
-            return cls(key)
-        except ValueError:
-            allowed = ", ".join(d.value for d in cls)
-            raise SpecError(f"dtype={value!r} is not a known dtype; allowed: {allowed}") from None
+        return parse_member(cls, value, "dtype", "dtype", _ALIASES.get(key, key))
 
 
 _BYTES: dict[DType, float] = {
@@ -152,13 +150,7 @@ class Fp8Recipe(str, Enum):
         Raises:
             SpecError: naming the value and the allowed values.
         """
-        if isinstance(value, Fp8Recipe):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(r.value for r in cls)
-            raise SpecError(f"fp8_recipe={value!r} is not a known recipe; allowed: {allowed}") from None
+        return parse_member(cls, value, "fp8_recipe", "recipe")
 
 
 GEMM_OP_NAMES = frozenset({OpType.MATMUL, OpType.BMM, OpType.LINEAR})
@@ -220,13 +212,7 @@ class OpTiming(str, Enum):
         Raises:
             SpecError: naming the value and the allowed values.
         """
-        if isinstance(value, OpTiming):
-            return value
-        try:
-            return cls(str(value).strip().lower())
-        except ValueError:
-            allowed = ", ".join(t.value for t in cls)
-            raise SpecError(f"timing={short_repr(value)} is not a known timing; allowed: {allowed}") from None
+        return parse_member(cls, value, OP_TIMING_COLUMN, "timing")
 
 
 OP_TIMING_COLUMN = "timing"
@@ -360,6 +346,24 @@ def check_whole_number(name: str, value: object) -> int:
     if not minimum <= number <= maximum:
         raise SpecError(f"{name}={shown} is out of range; allowed: {minimum}..{maximum}")
     return int(number)
+
+
+def parse_member(kind: type[EnumT], value: object, field: str, noun: str, key: str | None = None) -> EnumT:
+    """The member of the str-valued enum ``kind`` that field ``field``'s cell ``value`` spells.
+
+    ``value`` is matched as given if already a member, else by ``key`` (default: its text with
+    case and surrounding spaces ignored).
+
+    Raises:
+        SpecError: ``"<field>=<value> is not a known <noun>; allowed: <values>"``.
+    """
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value).strip().lower() if key is None else key)
+    except ValueError:
+        allowed = ", ".join(member.value for member in kind)
+        raise SpecError(f"{field}={short_repr(value)} is not a known {noun}; allowed: {allowed}") from None
 
 
 def short_repr(value: object, limit: int = 40) -> str:
