@@ -6,6 +6,7 @@ mappings (dtype, GPU names, GEMM view).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -58,8 +59,38 @@ VECTOR_OPS: dict[str, tuple[OpType, bool]] = {
 """NeuSight vector op name -> (op-table op, tensor-scalar). The ``*u`` ops take a Python scalar."""
 
 
-def _kernel_common(raw: pd.DataFrame, reasons: RejectionReasons) -> tuple[pd.Series, pd.Series]:
-    """Shared checks of the kernel files: dtype and latency. Returns (dtype, time)."""
+def _op_names(raw: pd.DataFrame) -> pd.Series:
+    """The source's op names, stripped and lower-cased."""
+    return raw["op"].astype("string").str.strip().str.lower()
+
+
+def _kernel_result(
+    raw: pd.DataFrame,
+    path: str | Path,
+    ops: Mapping[str, str],
+    dims_as: Mapping[str, str],
+    extra: Mapping[str, pd.Series],
+) -> ReadResult:
+    """Check the rows of a kernel file and build its op records (the two readers' shared part).
+
+    Args:
+        raw: the file's rows, index 0..n-1; path: the file (for provenance and messages).
+        ops: source op name -> op-table op; another name rejects its row.
+        dims_as: record column -> source column of a shape dim; each must be a positive integer.
+        extra: further record columns (one value per row of ``raw``), placed after the dims.
+
+    Rows are also rejected for an unknown dtype, a missing or non-positive ``latency_ms``
+    and a missing ``gpu``; each rejected row gets all its reasons.
+    """
+    reasons = RejectionReasons(len(raw))
+    op = _op_names(raw).map(lambda v: ops[v] if v in ops else None).astype(object)
+    reasons.add(
+        op.isna().to_numpy(dtype=bool),
+        ("unknown op " + raw["op"].astype(str).map(repr) + f" (allowed: {', '.join(ops)})").to_numpy(dtype=object),
+    )
+    dims = numeric_columns(raw, tuple(dims_as.values()))
+    for col in dims:
+        reasons.add(bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
     dtype, dtype_err = map_names(raw["dtype"], parse_dtype)
     reasons.add((dtype_err != "").to_numpy(), dtype_err.to_numpy(dtype=object))
     time = pd.to_numeric(raw["latency_ms"], errors="coerce").astype("float64")
@@ -67,7 +98,23 @@ def _kernel_common(raw: pd.DataFrame, reasons: RejectionReasons) -> tuple[pd.Ser
     reasons.add(np.isfinite(time) & (time <= 0), "latency_ms is not positive")
     gpu_text = raw["gpu"].astype("string").str.strip()
     reasons.add((gpu_text.isna() | (gpu_text == "")).to_numpy(dtype=bool), "gpu is missing")
-    return dtype, time
+    ok, rejected = reasons.split(raw, path)
+    good = raw[ok]
+    n = dims[ok].astype("int64")
+    records = pd.DataFrame(
+        {
+            "op": op[ok],
+            **{name: n[col] for name, col in dims_as.items()},
+            **{name: values[ok] for name, values in extra.items()},
+            "dtype": dtype[ok],
+            "gpu": good["gpu"].astype(str).str.strip(),
+            "backward": False,
+            "measured_ms": time[ok],
+            **_kernel_provenance(good, path),
+        },
+        index=good.index,
+    )
+    return ReadResult(records=records.reset_index(drop=True), rejected=rejected)
 
 
 def _kernel_provenance(raw: pd.DataFrame, path: str | Path) -> dict[str, object]:
@@ -110,36 +157,9 @@ def read_neusight_gemm(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     check_columns(raw, GEMM_REQUIRED, path, "NeuSight GEMM")
-    reasons = RejectionReasons(len(raw))
-    op_name = raw["op"].astype("string").str.strip().str.lower()
-    op = op_name.map(lambda v: GEMM_OPS[v].value if v in GEMM_OPS else None).astype(object)
-    reasons.add(
-        op.isna().to_numpy(dtype=bool),
-        ("unknown op " + raw["op"].astype(str).map(repr) + f" (allowed: {', '.join(GEMM_OPS)})").to_numpy(dtype=object),
-    )
-    dims = numeric_columns(raw, ("gemm_batch", "gemm_m", "gemm_n", "gemm_k"))
-    for col in dims:
-        reasons.add(bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
-    dtype, time = _kernel_common(raw, reasons)
-    ok, rejected = reasons.split(raw, path)
-    good = raw[ok]
-    n = dims[ok].astype("int64")
-    records = pd.DataFrame(
-        {
-            "op": op[ok],
-            "batch": n["gemm_batch"],
-            "m": n["gemm_m"],
-            "n": n["gemm_n"],
-            "k": n["gemm_k"],
-            "dtype": dtype[ok],
-            "gpu": good["gpu"].astype(str).str.strip(),
-            "backward": False,
-            "measured_ms": time[ok],
-            **_kernel_provenance(good, path),
-        },
-        index=good.index,
-    )
-    return ReadResult(records=records.reset_index(drop=True), rejected=rejected)
+    ops = {name: op.value for name, op in GEMM_OPS.items()}
+    dims_as = {"batch": "gemm_batch", "m": "gemm_m", "n": "gemm_n", "k": "gemm_k"}
+    return _kernel_result(raw, path, ops, dims_as, {})
 
 
 def read_neusight_vector(path: str | Path) -> ReadResult:
@@ -165,35 +185,6 @@ def read_neusight_vector(path: str | Path) -> ReadResult:
     """
     raw = read_table(path).reset_index(drop=True)
     check_columns(raw, VECTOR_REQUIRED, path, "NeuSight vector")
-    reasons = RejectionReasons(len(raw))
-    op_name = raw["op"].astype("string").str.strip().str.lower()
-    op = op_name.map(lambda v: VECTOR_OPS[v][0].value if v in VECTOR_OPS else None).astype(object)
-    scalar = op_name.map(lambda v: VECTOR_OPS[v][1] if v in VECTOR_OPS else False).astype(bool)
-    reasons.add(
-        op.isna().to_numpy(dtype=bool),
-        ("unknown op " + raw["op"].astype(str).map(repr) + f" (allowed: {', '.join(VECTOR_OPS)})").to_numpy(
-            dtype=object
-        ),
-    )
-    dims = numeric_columns(raw, ("rows_B", "cols_H"))
-    for col in dims:
-        reasons.add(bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
-    dtype, time = _kernel_common(raw, reasons)
-    ok, rejected = reasons.split(raw, path)
-    good = raw[ok]
-    n = dims[ok].astype("int64")
-    records = pd.DataFrame(
-        {
-            "op": op[ok],
-            "rows": n["rows_B"],
-            "cols": n["cols_H"],
-            "scalar": scalar[ok],
-            "dtype": dtype[ok],
-            "gpu": good["gpu"].astype(str).str.strip(),
-            "backward": False,
-            "measured_ms": time[ok],
-            **_kernel_provenance(good, path),
-        },
-        index=good.index,
-    )
-    return ReadResult(records=records.reset_index(drop=True), rejected=rejected)
+    ops = {name: op.value for name, (op, _) in VECTOR_OPS.items()}
+    scalar = _op_names(raw).map(lambda v: VECTOR_OPS[v][1] if v in VECTOR_OPS else False).astype(bool)
+    return _kernel_result(raw, path, ops, {"rows": "rows_B", "cols": "cols_H"}, {"scalar": scalar})
