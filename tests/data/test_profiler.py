@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from perfcast.data.dataset import load_dataset
+from perfcast.data.op_timing import record_timing
 from perfcast.data.profiler import (
     SOURCE,
     Measurement,
@@ -19,6 +20,9 @@ from perfcast.data.profiler import (
     run_profile,
     time_op,
 )
+from perfcast.data.profiler.device import DeviceInfo
+from perfcast.data.profiler.run import _records
+from perfcast.data.schema import QUERY_TIMING, OpTiming
 from perfcast.data.validate import check_op_records
 from perfcast.errors import DatasetError
 from perfcast.features.sweeps import plan_key
@@ -110,6 +114,7 @@ def test_run_profile_writes_a_valid_dataset(tmp_path):
     checked = check_op_records(records)
     assert checked.n_rejected == 0, checked.rejected["reason"].tolist()
     assert (records["source"] == SOURCE).all() and (records["gpu"] == "cpu").all()
+    assert (records["timing"] == OpTiming.CPU_OP.value).all()  # perf_counter_ns around each call
     assert (records["measured_min_ms"] <= records["measured_ms"]).all()
     assert records.loc[records["op"] == "silu", "backward"].item()
     dataset = load_dataset(out)  # the shared dataset format: card, hashes and records check out
@@ -120,6 +125,23 @@ def test_run_profile_writes_a_valid_dataset(tmp_path):
     assert extra["device"]["kind"] == "cpu" and extra["method"]["timer"].startswith("time.perf_counter_ns")
     assert extra["plan"] == {"rows": 11, "measured": 11, "skipped": 0, "not_reached": 0, "skipped_by_reason": {}}
     assert {"budget_s", "elapsed_s", "dtypes", "ops"} <= set(extra)
+
+
+def _measured(row: dict, median_ms: float) -> dict:
+    """A journal entry of a measured row."""
+    stats = {"median_ms": median_ms, "min_ms": median_ms, "max_ms": median_ms, "std_ms": 0.0, "n_repeats": 3}
+    return {"status": "measured", "row": row, "key": row["key"], "t_utc": "2026-01-01T00:00:00Z", **stats}
+
+
+def test_cuda_records_say_cuda_events_and_older_rows_get_it_too():
+    cuda = DeviceInfo(kind="cuda", name="NVIDIA H200", count=1, torch_version=torch.__version__)
+    old, new = _row(batch=1, m=8, n=8, k=8), _row(op="add", rows=8, cols=8)
+    prior = _records([_measured(old, 0.02)], cuda, None).drop(columns="timing")  # a profile from before the column
+    records = _records([_measured(new, 0.01)], cuda, prior)
+    assert records["key"].tolist() == [old["key"], new["key"]]
+    assert records["timing"].tolist() == [OpTiming.CUDA_EVENTS.value] * 2
+    assert check_op_records(records).n_rejected == 0
+    assert record_timing(records, QUERY_TIMING).tolist() == [OpTiming.CUDA_EVENTS.value] * 2
 
 
 def test_skips_are_recorded_with_reasons(tmp_path):
@@ -215,6 +237,7 @@ def test_cuda_time_op_and_profile(tmp_path):
     assert res.n_measured == len(plan)
     assert check_op_records(res.records).n_rejected == 0
     assert (res.records["gpu"] == info.name).all()
+    assert (res.records["timing"] == OpTiming.CUDA_EVENTS.value).all()
 
 
 @pytest.mark.gpu

@@ -18,11 +18,11 @@ from perfcast.data.schema import OP_TIMING_COLUMN, OpTiming
 __all__ = ["PROFILER_SOURCE", "SOURCE_TIMING", "record_timing"]
 
 PROFILER_SOURCE = "perfcast-profiler"
-"""``source`` of ``perfcast profile``'s records (``perfcast.data.profiler.run.SOURCE``; that module imports torch)."""
+"""``source`` of ``perfcast profile``'s records (``perfcast.data.profiler.run.SOURCE``)."""
 
 SOURCE_TIMING: dict[str, OpTiming] = {
     neusight.SOURCE_NAME: neusight.TIMING,
-    PROFILER_SOURCE: OpTiming.CUDA_EVENTS,  # perfcast profile: CUDA events around each call (its card.json)
+    PROFILER_SOURCE: OpTiming.CUDA_EVENTS,  # profiles written before their records carried the column
     vidur.SOURCE_NAME: vidur.TIMING,
     deepbench.SOURCE_NAME: deepbench.TIMING,
     nsys.SOURCE_NAME: OpTiming(nsys.TIMING),

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast._optional import require
-from perfcast.data.schema import DType
+from perfcast.data.schema import DType, OpTiming
 from perfcast.errors import DatasetError, SpecError
 
 
@@ -43,6 +43,11 @@ class DeviceInfo:
     def record_gpu(self) -> str:
         """The records' ``gpu``: the printed device name, ``cpu`` for host runs."""
         return "cpu" if self.kind == "cpu" else self.name
+
+    @property
+    def record_timing(self) -> OpTiming:
+        """The records' ``timing``: CUDA events around each call on CUDA, the call's host wall time on the CPU."""
+        return OpTiming.CPU_OP if self.kind == "cpu" else OpTiming.CUDA_EVENTS
 
     @property
     def capability(self) -> tuple[int, int] | None:

@@ -29,19 +29,27 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.dataset import CARD_FILE, DATASET_ENTRIES, PARTIAL_DIR, TABLE_FILES, read_card, write_dataset
+from perfcast.data.op_timing import PROFILER_SOURCE
 from perfcast.data.profiler.budget import _SETUP_FACTOR, _Rates, estimate_op_s
 from perfcast.data.profiler.collectives import _CollectiveGroup
 from perfcast.data.profiler.device import DeviceInfo, detect_device
 from perfcast.data.profiler.measurement import MIN_FLOOR_REPEATS, OpSkipped, RepeatPolicy
 from perfcast.data.profiler.rows import _flag, _footprint_bytes, _int
 from perfcast.data.profiler.timing import _check_supported, time_op
-from perfcast.data.schema import COLLECTIVE_OP_NAMES, GEMM_OP_NAMES, DType, OpType, shape_columns
+from perfcast.data.schema import (
+    COLLECTIVE_OP_NAMES,
+    GEMM_OP_NAMES,
+    OP_TIMING_COLUMN,
+    DType,
+    OpType,
+    shape_columns,
+)
 from perfcast.data.tables import OP_COLUMNS
 from perfcast.errors import DatasetError, SpecError
 
 logger = logging.getLogger(__name__)
 
-SOURCE = "perfcast-profiler"
+SOURCE = PROFILER_SOURCE
 JOURNAL_FILE = "measurements.jsonl"
 META_FILE = "meta.json"
 OPS_FILE = TABLE_FILES["ops"]
@@ -425,7 +433,11 @@ def _load_prior(out_dir: Path, info: DeviceInfo) -> tuple[pd.DataFrame | None, d
 
 
 def _records(entries: list[dict[str, Any]], info: DeviceInfo, prior: pd.DataFrame | None) -> pd.DataFrame:
-    """Canonical op records of the measured entries, merged with ``prior`` (new rows win)."""
+    """Canonical op records of the measured entries, merged with ``prior`` (new rows win).
+
+    Each record's ``timing`` is the device's timer (:attr:`DeviceInfo.record_timing`); rows of a
+    ``prior`` profile written before the column get the same value (its device is this one).
+    """
     rows = []
     for e in entries:
         if e["status"] != "measured":
@@ -446,6 +458,7 @@ def _records(entries: list[dict[str, Any]], info: DeviceInfo, prior: pd.DataFram
             measured_max_ms=e["max_ms"],
             measured_std_ms=e["std_ms"],
             n_repeats=e["n_repeats"],
+            timing=info.record_timing.value,
             source=SOURCE,
             device_name=info.name,
             device_kind=info.kind,
@@ -455,7 +468,8 @@ def _records(entries: list[dict[str, Any]], info: DeviceInfo, prior: pd.DataFram
         )
         rows.append(rec)
     columns = [*OP_COLUMNS, "backward", "measured_ms", "measured_min_ms", "measured_max_ms", "measured_std_ms"]
-    columns += ["n_repeats", "source", "device_name", "device_kind", "torch_version", "key", "measured_utc"]
+    columns += ["n_repeats", OP_TIMING_COLUMN, "source"]
+    columns += ["device_name", "device_kind", "torch_version", "key", "measured_utc"]
     new = pd.DataFrame(rows, columns=columns)
     if prior is not None and len(prior):
         new = pd.concat([prior.reindex(columns=columns), new], ignore_index=True)
@@ -466,6 +480,7 @@ def _records(entries: list[dict[str, Any]], info: DeviceInfo, prior: pd.DataFram
         new[col] = pd.to_numeric(new[col]).astype("Int64")
     for col in ("scalar", "causal", "backward"):
         new[col] = new[col].fillna(False).astype(bool)
+    new[OP_TIMING_COLUMN] = new[OP_TIMING_COLUMN].fillna(info.record_timing.value).astype(object)  # older profiles
     for col in ("measured_ms", "measured_min_ms", "measured_max_ms", "measured_std_ms"):
         new[col] = pd.to_numeric(new[col]).astype(float)
     return new
