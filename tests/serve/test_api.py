@@ -53,6 +53,18 @@ def test_ops_batch_answers_good_rows_and_reports_bad_ones(client: TestClient) ->
     assert rows[0]["m"] == 1024 and isinstance(rows[0]["m"], int)
 
 
+def test_ops_batch_reports_a_bad_timing_on_its_row(client: TestClient) -> None:
+    rows = [GEMM, {**GEMM, "timing": "wallclock"}, {**GEMM, "timing": "cuda_events"}]
+    body = client.post("/v1/predict/ops", json={"rows": rows}).json()
+    assert body["n_errors"] == 1
+    assert [r["error"] for r in body["rows"]] == [
+        "",
+        "timing='wallclock' is not a known timing; allowed: gpu_kernels, cuda_events, loop_mean, cpu_op",
+        "",
+    ]
+    assert body["rows"][1]["pred_ms"] is None and body["rows"][2]["pred_ms"] > 0
+
+
 def test_wider_coverage_gives_a_wider_interval(client: TestClient) -> None:
     narrow = client.post("/v1/predict/ops", json={"rows": [GEMM], "coverage": 0.5}).json()["rows"][0]
     wide = client.post("/v1/predict/ops", json={"rows": [GEMM], "coverage": 0.95}).json()["rows"][0]

@@ -10,11 +10,14 @@ import pytest
 from fixtures.analytic_step import analytic_step
 from typer.testing import CliRunner
 
+import perfcast
 from perfcast.data.tables import ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS, read_table
 from perfcast.errors import SpecError
 from perfcast.features.model import list_models
 from perfcast.features.run_config import parse_run_row
 from perfcast.models import analytic
+from perfcast.models.bundle import OpPredictorBundle
+from perfcast.models.op_model import OpTimeRegressor
 from perfcast.serve.batch import predict_ops_table, predict_steps_table
 from perfcast.serve.cli import app
 
@@ -371,6 +374,49 @@ def test_an_int_beyond_float_range_is_a_row_error_not_a_crash():
     gemm = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb"}
     out = predict_ops_table(pd.DataFrame([gemm, {**gemm, "m": 10**400}]))
     assert out[ERROR_COLUMN].iloc[0] == "" and "m=" in out[ERROR_COLUMN].iloc[1]
+
+
+BAD_TIMING = "timing='wallclock' is not a known timing; allowed: gpu_kernels, cuda_events, loop_mean, cpu_op"
+TIMED_GEMM = {"op": "matmul", "m": 256, "n": 256, "k": 256, "gpu": "a100-pcie-40gb", "dtype": "fp16"}
+TIMED_ROWS = pd.DataFrame(
+    [TIMED_GEMM, {**TIMED_GEMM, "timing": "wallclock"}, {**TIMED_GEMM, "timing": " CUDA_Events "}, TIMED_GEMM]
+)  # the last row's timing is missing: the query default
+
+
+@pytest.fixture(scope="module")
+def timed_predictor() -> OpPredictorBundle:
+    """A bundle whose op model reads each row's timing method (fitted on CUDA-event times)."""
+    rng = np.random.default_rng(0)
+    dims = rng.integers(8, 2048, size=(300, 3))
+    gpus = rng.choice(["a100-pcie-40gb", "v100-pcie-32gb", "t4"], 300)
+    ops = pd.DataFrame({"op": "matmul", "m": dims[:, 0], "n": dims[:, 1], "k": dims[:, 2], "dtype": "fp16",
+                        "gpu": gpus, "timing": "cuda_events"})  # fmt: skip
+    t = 0.012 + 2 * dims.prod(axis=1) / 5e10
+    model = OpTimeRegressor(n_estimators=10, calibrate=False, n_jobs=1).fit(ops, t)
+    return OpPredictorBundle(path=None, manifest={}, op_model=model)
+
+
+def test_a_bad_timing_is_that_rows_error_and_the_other_rows_are_answered(timed_predictor):
+    with pytest.raises(SpecError, match="timing='wallclock'"):  # the model alone refuses the whole batch
+        timed_predictor.op_model.predict(TIMED_ROWS)
+    for predictor in (timed_predictor, None):
+        out = predict_ops_table(TIMED_ROWS, predictor=predictor)
+        assert out[ERROR_COLUMN].tolist() == ["", BAD_TIMING, "", ""]
+        assert out["pred_ms"].notna().tolist() == [True, False, True, True]
+    pred = predict_ops_table(TIMED_ROWS, predictor=timed_predictor)["pred_ms"]
+    assert pred[2] > pred[0] == pred[3]  # the launch-inclusive timing is read; a missing one is the kernel time
+
+
+def test_a_bad_timing_through_the_python_api_and_the_cli(tmp_path):
+    out = perfcast.predict_ops(TIMED_ROWS)
+    assert out[ERROR_COLUMN].tolist() == ["", BAD_TIMING, "", ""]
+    src, dst = tmp_path / "ops.csv", tmp_path / "out.csv"
+    TIMED_ROWS.to_csv(src, index=False)
+    result = runner.invoke(app, ["predict", "ops", str(src), "-o", str(dst)])
+    assert result.exit_code == 0, result.output
+    written = read_table(dst)
+    assert written[ERROR_COLUMN].fillna("").tolist() == ["", BAD_TIMING, "", ""]
+    assert written["pred_ms"].notna().tolist() == [True, False, True, True]
 
 
 # ------------------------------------------------------------------ output formats

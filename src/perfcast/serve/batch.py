@@ -18,7 +18,9 @@ import pandas as pd
 from perfcast.data.schema import (
     OP_BOOL_COLUMNS,
     OP_INT_COLUMNS,
+    OP_TIMING_COLUMN,
     DType,
+    OpTiming,
     OpType,
     check_whole_number,
     op_row_fields,
@@ -289,7 +291,8 @@ def _link_columns(configs: list[RunConfig], index: pd.Index) -> pd.DataFrame:
 
 def check_op_row(row: pd.Series) -> None:
     """Check one op-table row: a known op and dtype, whole-number sizes within their ranges,
-    boolean flags, and a catalog GPU with the peak the op needs.
+    boolean flags, a known timing method when one is given, and a catalog GPU with the peak
+    the op needs.
 
     Raises:
         SpecError: naming the field, the value and what is allowed.
@@ -306,6 +309,8 @@ def check_op_row(row: pd.Series) -> None:
             parse_flag(flag, row.get(flag))
     if "kv_heads" in sizes and sizes["heads"] % sizes["kv_heads"]:
         raise SpecError(f"kv_heads={sizes['kv_heads']} does not divide heads={sizes['heads']}")
+    if _given(row.get(OP_TIMING_COLUMN)):  # else the predictor assumes QUERY_TIMING
+        OpTiming.parse(row.get(OP_TIMING_COLUMN))
     gpu = row.get("gpu")
     if not _given(gpu):
         raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
