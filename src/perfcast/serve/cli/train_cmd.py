@@ -38,6 +38,12 @@ def train_ops_command(
     ),
     n_estimators: int = typer.Option(400, "--n-estimators", help="Boosting rounds per op class."),
     max_rows_per_gpu: int = typer.Option(40_000, "--max-rows-per-gpu", help="Training rows sampled per GPU."),
+    timing: bool = typer.Option(
+        True,
+        "--timing/--no-timing",
+        help="Learn a launch term per timing method (CUDA events around a call, kernel time ...) and predict "
+        "queries as kernel time inside a step; --no-timing pools the methods (the shipped default's model).",
+    ),
     dask: str | None = typer.Option(
         None, "--dask", help="Train the boosters on Dask (xgboost.dask): 'local' (a LocalCluster) or an address."
     ),
@@ -51,7 +57,7 @@ def train_ops_command(
     from perfcast.training.train_ops import load_op_records, median_summary, train_op_predictor
 
     out = output or _default_output()
-    params = {"n_estimators": n_estimators, "max_rows_per_gpu": max_rows_per_gpu}
+    params = {"n_estimators": n_estimators, "max_rows_per_gpu": max_rows_per_gpu, "timing": timing}
 
     def run() -> None:
         records, cards = load_op_records(data, resolve_gpu=resolve_gpu_name)
