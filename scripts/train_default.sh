@@ -14,6 +14,9 @@
 #   attention, which no public table holds.
 # - Collectives keep the catalog alpha-beta estimate: the learned collective model does not beat
 #   it on unseen GPUs yet (benchmarks/results/collective_eval.md).
+# - --no-timing: one launch term per (vendor, class) over every timing method. The timing-aware
+#   model predicts queries as kernel time, which the schedule's host floor was not fitted for; with
+#   it the composed steps moved away from every step source (benchmarks/results/step_transfer_eval.md).
 # Usage: bash scripts/train_default.sh [DATA_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +36,7 @@ write_dataset("datasets/vidur-gemm", source="vidur-ops:vidur_llm_layer_ops.csv.g
               how_measured=loaded.reader.description, ops=gemm)
 print(f"vidur GEMMs: {len(gemm)} of {len(loaded.records)} records")
 PY
-.venv/bin/perfcast train ops --no-evaluate --no-collectives --register "" \
+.venv/bin/perfcast train ops --no-timing --no-evaluate --no-collectives --register "" \
     --data "$DATA/neusight_kernels_gemm.csv.gz" \
     --data "$DATA/neusight_kernels_vector.csv.gz" \
     --data "$DATA/deepbench_gemm.csv" \
