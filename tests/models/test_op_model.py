@@ -84,7 +84,7 @@ def data() -> tuple[pd.DataFrame, np.ndarray]:
 @pytest.fixture(scope="module")
 def fitted(data) -> OpTimeRegressor:
     ops, t = data
-    return OpTimeRegressor(**FAST).fit(ops, t)
+    return OpTimeRegressor(**FAST, timing=True).fit(ops, t)
 
 
 def test_fit_returns_self(data):
@@ -263,14 +263,14 @@ def test_a_class_seen_on_one_gpu_borrows_the_gemm_gpu_shifts(caplog):
 def test_launch_default_without_tiny_ops():
     ops, t = make_ops({"t4": 0.6}, n_gemm=40, n_vector=0)
     big = ops.assign(m=ops["m"] + 2048, n=ops["n"] + 2048, k=ops["k"] + 2048)
-    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(big, true_ms(big))
+    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1, timing=True).fit(big, true_ms(big))
     assert model.launch_ms_[(POOLED, "gemm", "cuda_events")] == DEFAULT_LAUNCH_MS
 
 
 def test_launch_measured_from_tiny_ops():
     tiny = pd.DataFrame({"op": "add", "rows": 1, "cols": np.arange(4, 124), "dtype": "fp32", "gpu": "t4"})
     t = np.linspace(0.01, 0.03, len(tiny))
-    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1).fit(tiny, t)
+    model = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1, timing=True).fit(tiny, t)
     assert model.launch_ms_[("NVIDIA", "vector", "gpu_kernels")] == pytest.approx(np.quantile(t, 0.05))
     blind = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1, timing=False).fit(tiny, t)
     assert blind.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
@@ -394,7 +394,7 @@ def two_timings() -> tuple[pd.DataFrame, pd.DataFrame, OpTimeRegressor, OpTimeRe
     ops, _ = make_ops(n_gemm=40, n_vector=300)
     ops = ops.assign(timing=np.where(ops["gpu"] == "t4", "gpu_kernels", "cuda_events"))
     train, held = ops[ops["gpu"] != HELD_OUT], ops[ops["gpu"] == HELD_OUT].reset_index(drop=True)
-    aware = OpTimeRegressor(**FAST).fit(train, _timed_ms(train))
+    aware = OpTimeRegressor(**FAST, timing=True).fit(train, _timed_ms(train))
     blind = OpTimeRegressor(**FAST, timing=False).fit(train, _timed_ms(train))
     return train, held, aware, blind
 

@@ -392,7 +392,7 @@ def timed_predictor() -> OpPredictorBundle:
     ops = pd.DataFrame({"op": "matmul", "m": dims[:, 0], "n": dims[:, 1], "k": dims[:, 2], "dtype": "fp16",
                         "gpu": gpus, "timing": "cuda_events"})  # fmt: skip
     t = 0.012 + 2 * dims.prod(axis=1) / 5e10
-    model = OpTimeRegressor(n_estimators=10, calibrate=False, n_jobs=1).fit(ops, t)
+    model = OpTimeRegressor(n_estimators=10, calibrate=False, n_jobs=1, timing=True).fit(ops, t)
     return OpPredictorBundle(path=None, manifest={}, op_model=model)
 
 

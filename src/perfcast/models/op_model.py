@@ -98,7 +98,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             within-GPU interval). ``False`` keeps in-sample residuals: a fast but
             optimistic interval, for experiments.
         random_state, n_jobs: seed and XGBoost threads.
-        timing: use each row's timing method (module docstring); ``False`` ignores it.
+        timing: use each row's timing method (module docstring); ``False`` (default) pools the methods.
 
     Fitted attributes:
         launch_ms_: ``{(vendor, class): ms}``, ``(op_base.POOLED, class)`` the class fallback;
@@ -133,7 +133,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         calibrate: bool = True,
         random_state: int = 0,
         n_jobs: int = 2,
-        timing: bool = True,
+        timing: bool = False,
     ) -> None:
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate

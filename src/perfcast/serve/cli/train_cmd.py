@@ -39,10 +39,10 @@ def train_ops_command(
     n_estimators: int = typer.Option(400, "--n-estimators", help="Boosting rounds per op class."),
     max_rows_per_gpu: int = typer.Option(40_000, "--max-rows-per-gpu", help="Training rows sampled per GPU."),
     timing: bool = typer.Option(
-        True,
+        False,
         "--timing/--no-timing",
         help="Learn a launch term per timing method (CUDA events around a call, kernel time ...) and predict "
-        "queries as kernel time inside a step; --no-timing pools the methods (the shipped default's model).",
+        "queries as kernel time inside a step (default: pool the methods, as the shipped default does).",
     ),
     dask: str | None = typer.Option(
         None, "--dask", help="Train the boosters on Dask (xgboost.dask): 'local' (a LocalCluster) or an address."
