@@ -102,20 +102,43 @@ def _generation_years() -> dict[str, float]:
 
 
 def model_flops(configs: Sequence[RunConfig], timing_scopes: Sequence[str] | None = None) -> np.ndarray:
-    """Model FLOPs of each config's measured time (see the module docstring), FLOPs."""
+    """Model FLOPs of each config's measured time (see the module docstring), FLOPs; each
+    distinct (model, fine-tuning, global batch) is counted once."""
     scopes = timing_scopes or ["step"] * len(configs)
-    return np.array([model_flops_per_step(c) * _FORWARD_SHARE[s] for c, s in zip(configs, scopes, strict=True)])
+    per_step: dict[tuple[int, object, int], float] = {}
+    out = np.empty(len(configs))
+    for i, (c, s) in enumerate(zip(configs, scopes, strict=True)):
+        key = (id(c.model), c.parallel.finetune, c.parallel.global_batch)
+        if key not in per_step:
+            per_step[key] = model_flops_per_step(c)
+        out[i] = per_step[key] * _FORWARD_SHARE[s]
+    return out
 
 
 def peak_flops(configs: Sequence[RunConfig]) -> np.ndarray:
-    """Dense peak of each config's whole cluster at its dtype, FLOP/s."""
-    return np.array([c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus for c in configs])
+    """Dense peak of each config's whole cluster at its dtype, FLOP/s; each distinct
+    (cluster, dtype) is looked up once."""
+    peaks: dict[tuple[int, object], float] = {}
+    out = np.empty(len(configs))
+    for i, c in enumerate(configs):
+        key = (id(c.cluster), c.parallel.dtype)
+        if key not in peaks:
+            peaks[key] = c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus
+        out[i] = peaks[key]
+    return out
 
 
 def measured_mfu(configs: Sequence[RunConfig], step_ms: Any, timing_scopes: Sequence[str] | None = None) -> np.ndarray:
-    """MFU (fraction) of each config at the time ``step_ms`` (ms)."""
+    """MFU (fraction) of each config at the time ``step_ms`` (ms): the one home of MFU, for
+    predictions as for measurements."""
     seconds = np.asarray(step_ms, dtype=float) / 1e3
     return model_flops(configs, timing_scopes) / (seconds * peak_flops(configs))
+
+
+def tokens_per_second(configs: Sequence[RunConfig], step_ms: Any) -> np.ndarray:
+    """Training tokens per second of each config at the step time ``step_ms`` (ms), whole cluster."""
+    tokens = np.array([c.tokens_per_step for c in configs], dtype=float)
+    return tokens / (np.asarray(step_ms, dtype=float) / 1e3)
 
 
 class MFUCeiling:

@@ -34,13 +34,13 @@ from perfcast.features.hardware_spec import HardwareSpec, resolve_gpu_name
 from perfcast.features.memory import peak_memory_table
 from perfcast.features.model_source import ModelSource
 from perfcast.features.ops import COLLECTIVE_OPS, OpClass, op_class, parse_op
-from perfcast.features.parallel import Finetune
 from perfcast.features.run_config import DEFAULTED_COLUMN, RunConfig, parse_run_table
 from perfcast.features.run_features import COMM_GROUPS
 from perfcast.features.workload import fabric_level, group_placement
 from perfcast.models import analytic
 from perfcast.models.calibration import CalibratedPredictor
 from perfcast.models.correction_store import CALIBRATION_COLUMN
+from perfcast.models.physics_bounds import measured_mfu, tokens_per_second
 from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
@@ -249,25 +249,12 @@ def _predict_chunk(
 def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
     """Add memory, MFU and tokens/s to a predictor's rows for ``configs``."""
     memory = peak_memory_table(configs)
-    step_s = pred["step_ms"].to_numpy(dtype=float) / 1e3
-    peak: dict[tuple[int, DType], float] = {}
-    flops: dict[tuple[int, Finetune, int], float] = {}
-    peak_flops, model_flops = np.empty(len(configs)), np.empty(len(configs))
-    for i, c in enumerate(configs):  # few distinct clusters and models: each figure computed once
-        key = (id(c.cluster), c.parallel.dtype)
-        if key not in peak:
-            peak[key] = c.cluster.gpu.peak_tflops(c.parallel.dtype) * 1e12 * c.cluster.num_gpus
-        peak_flops[i] = peak[key]
-        fkey = (id(c.model), c.parallel.finetune, c.parallel.global_batch)
-        if fkey not in flops:
-            flops[fkey] = analytic.model_flops_per_step(c)
-        model_flops[i] = flops[fkey]
-    tokens = np.array([c.tokens_per_step for c in configs], dtype=float)
+    step_ms = pred["step_ms"].to_numpy(dtype=float)
     frame = pred.reset_index(drop=True).copy()
     frame["peak_mem_gib"] = memory["peak_mem_gib"].to_numpy()
     frame["fits_memory"] = memory["fits_memory"].tolist()
-    frame["mfu"] = model_flops / (step_s * peak_flops)
-    frame["tokens_per_s"] = tokens / step_s
+    frame["mfu"] = measured_mfu(configs, step_ms)
+    frame["tokens_per_s"] = tokens_per_second(configs, step_ms)
     for name in MEMORY_PART_COLUMNS:
         frame[name] = memory[name].to_numpy()
     return frame
