@@ -14,12 +14,11 @@ A factor of 2 on ``attention`` says the stack's attention takes twice the time t
 model gives its kernels; a component absent from a run (``frac_c = 0``) leaves it alone.
 
 Fit (:meth:`ComponentFactors.fit`): weighted least squares of ``log(measured / composed)``
-on the log of that multiplier, with a Gaussian prior on each ``log k_c`` centred on
-``center`` (1 for factors learned across sources; the shipped factors when a user's few
-runs refine them) of strength ``prior``: the penalty ``prior * (log k_c - log center_c)^2``
-is added to the weighted mean squared log error (weights normalised to sum to 1). A
-component the rows do not exercise stays at its centre, and each factor lies in
-:data:`FACTOR_RANGE`.
+on the log of that multiplier, with a Gaussian prior on each ``log k_c`` centred on 0 (no
+correction) of strength ``prior``: the penalty ``prior * (log k_c)^2`` is added to the
+weighted mean squared log error (weights normalised to sum to 1). A component the rows do
+not exercise stays at 1, and each factor lies in :data:`FACTOR_RANGE`. (A user's few runs
+refine a predictor's factors through :mod:`perfcast.models.step_calibration`.)
 """
 
 from __future__ import annotations
@@ -117,7 +116,6 @@ class ComponentFactors:
         names: Sequence[str],
         weights: np.ndarray | None = None,
         prior: float = 0.01,
-        center: Mapping[str, float] | None = None,
     ) -> ComponentFactors:
         """Factors that best explain ``log_ratio = log(measured / composed)`` (see the module docstring).
 
@@ -126,12 +124,10 @@ class ComponentFactors:
             log_ratio: per row, ``log(measured / composed)``.
             names: the components, in the columns' order.
             weights: non-negative weight per row (default equal), normalised to sum to 1.
-            prior: strength of the pull of each ``log k`` toward ``log center``, >= 0.
-            center: prior centre per component (default 1 for each).
+            prior: strength of the pull of each ``log k`` toward 0, >= 0.
 
         Raises:
-            SpecError: mismatched shapes, negative weights or prior, a centre outside
-                :data:`FACTOR_RANGE`.
+            SpecError: mismatched shapes, negative weights or prior.
         """
         from scipy.optimize import least_squares
 
@@ -145,14 +141,12 @@ class ComponentFactors:
         if prior < 0:
             raise SpecError(f"prior={prior!r} must be >= 0")
         lo, hi = np.log(FACTOR_RANGE)
-        start = np.log([1.0 if center is None else float(center.get(n, 1.0)) for n in names])
-        if not ((start >= lo) & (start <= hi)).all():
-            raise SpecError(f"center {dict(center or {})} must lie in {FACTOR_RANGE}")
+        start = np.zeros(len(names))
         if not len(names):
             return cls({})
         total = w.sum()
         if total <= 0:
-            return cls(dict(zip(names, np.exp(start).tolist(), strict=True)))
+            return cls(dict.fromkeys(names, 1.0))
         root_w = np.sqrt(w / total)
         root_prior = np.sqrt(prior)
 
