@@ -214,3 +214,10 @@ def test_component_factors_round_trip_and_are_checked(tmp_path) -> None:
         ClusterCorrection.from_json(json.dumps(bad))
     with pytest.raises(SpecError, match="breakdown has 1 rows"):
         fit_step_correction("c", np.array([150.0, 210.0]), np.full(2, 100.0), breakdown=rows.iloc[:1])
+
+
+def test_a_far_slower_cluster_stores_factors_that_load_again() -> None:
+    attention, comm = np.array([0.1, 0.5, 0.3, 0.6]), np.array([0.1, 0.0, 0.3, 0.1])
+    measured = np.array([1500.0, 1900.0, 1700.0, 1950.0])  # about 19x the predicted 100 ms
+    corr = fit_step_correction("c", measured, np.full(4, 100.0), breakdown=_breakdown(attention, comm))
+    assert ClusterCorrection.from_json(corr.to_json()) == corr

@@ -17,7 +17,7 @@ where the predictor's breakdown of each run is given, how each component of the 
   are fitted by least squares on the log ratios, with penalties ``SHRINK_RUNS * shift^2``
   (the same shrinkage, as a mean) and ``FACTOR_PRIOR_RUNS * sum_c d_c^2``: runs that differ
   in their shares tell the components apart, runs alike move every factor together, like
-  the shift alone; with fewer runs every factor is the shift's. Each departure stays in
+  the shift alone; with fewer runs every factor is the shift's. Each factor is clipped to
   :data:`~perfcast.models.component_factors.FACTOR_RANGE`. The factors are the cluster's
   physical parameters relative to the predictor (``attention x1.4``: its attention kernels
   take 1.4 times the predicted time);
@@ -237,7 +237,7 @@ def fit_step_correction(
             shares = breakdown_shares(breakdown.iloc[np.flatnonzero(ok)], CALIBRATED_COMPONENTS)
             shift, factors = _fit_shift_and_factors(residual, shares)
         else:
-            factors = dict.fromkeys(CALIBRATED_COMPONENTS, float(np.exp(shift)))
+            factors = dict.fromkeys(CALIBRATED_COMPONENTS, float(np.clip(np.exp(shift), *FACTOR_RANGE)))
     return ClusterCorrection(
         cluster=cluster,
         shift=shift,
@@ -266,7 +266,8 @@ def _fit_shift_and_factors(residual: np.ndarray, shares: np.ndarray) -> tuple[fl
 
     fit = least_squares(misfit, np.zeros(n + 1), bounds=([-bound, *[lo] * n], [bound, *[hi] * n]))
     shift = float(fit.x[0])
-    return shift, dict(zip(CALIBRATED_COMPONENTS, np.exp(shift + fit.x[1:]).tolist(), strict=True))
+    factors = np.clip(np.exp(shift + fit.x[1:]), *FACTOR_RANGE)
+    return shift, dict(zip(CALIBRATED_COMPONENTS, factors.tolist(), strict=True))
 
 
 def save_step_correction(correction: ClusterCorrection, directory: str | Path) -> Path:
