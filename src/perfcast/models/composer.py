@@ -255,7 +255,7 @@ class StepComposer:
 
         Configs that share a graph body (:func:`~perfcast.features.workload.body_structure_key`)
         and a cluster's links share its node times: each body is built, timed and composed
-        once (:class:`~perfcast.features.schedule.BodyPlan`), each distinct set of step
+        once (:class:`~perfcast.features.schedule_bodies.BodyPlan`), each distinct set of step
         nodes once; a config only adds its microbatch count. No per-config graph is kept.
 
         Raises:
