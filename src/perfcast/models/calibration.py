@@ -145,13 +145,20 @@ def correction_groups(ops: pd.DataFrame, kinds: np.ndarray) -> np.ndarray:
     groups = op_classes(kinds).astype(object)
     split = np.isin(groups, DTYPE_GROUPED_CLASSES)
     if split.any() and "dtype" in ops:
-        names = ops["dtype"].astype(str).str.strip().str.lower().to_numpy()
-        known = {d.value: d.bytes_per_element for d in DType}
-        elem = np.array([known.get(n, np.nan) for n in names], dtype=float)
+        codes, names = pd.factorize(ops["dtype"].astype(str))
+        elem = np.array([_element_bytes(name) for name in names], dtype=float)[codes]
         stated = split & np.isfinite(elem)
         families = dtype_family(np.where(stated, elem, 0.0))
         groups[stated] = groups[stated] + GROUP_SEP + families[stated]
     return groups
+
+
+def _element_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype spelling (:meth:`DType.parse`), NaN where it names none."""
+    try:
+        return DType.parse(dtype).bytes_per_element
+    except SpecError:
+        return float("nan")
 
 
 def group_class(group: str) -> str:

@@ -159,7 +159,7 @@ def predict_steps(
     ),
     coverage: float = typer.Option(0.9, "--coverage", help="Nominal coverage of the interval step_lo_ms..step_hi_ms."),
     breakdown: bool = typer.Option(
-        False, "--breakdown", help="Add compute, exposed communication, bubble, optimizer and memory parts."
+        False, "--breakdown", help="Add compute, attention, exposed communication, bubble, optimizer and memory parts."
     ),
     plot: Path | None = typer.Option(
         None, "--plot", help="Save a PNG of where each config's step time goes (turns on --breakdown)."
