@@ -15,8 +15,8 @@
 # - Collectives keep the catalog alpha-beta estimate: the learned collective model does not beat
 #   it on unseen GPUs yet (benchmarks/results/collective_eval.md).
 # - --no-timing: one launch term per (vendor, class) over every timing method. The timing-aware
-#   model predicts queries as kernel time, which the schedule's host floor was not fitted for; with
-#   it the composed steps moved away from every step source (benchmarks/results/step_transfer_eval.md).
+#   model predicts queries as kernel time, which the schedule's host floor was not fitted for
+#   (benchmarks/results/step_transfer_eval_op_timing.md against step_transfer_eval.md).
 # Usage: bash scripts/train_default.sh [DATA_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -84,16 +84,14 @@ __all__ = [
 ]
 
 SHRINK_RUNS = 4.0
-"""Pseudo-runs of "no correction" the shift is shrunk with: a held-out source's runs differ
-from each other about as much as its shift differs from 0, so few runs move it part way
-(the value minimised the mean MAPE at k = 1, 3 and 5 over 0.5, 1, 2, 4 in
-``benchmarks/step_calibration_eval.py``'s leave-one-source-out)."""
+"""Pseudo-runs of "no correction" the shift is shrunk with, so few runs move it part way
+(chosen on ``benchmarks/step_calibration_eval.py``'s leave-one-source-out)."""
 FACTOR_PRIOR_RUNS = 0.3
 """Penalty on each component's log departure from the shift, in units of one run's squared
-log error (chosen with :data:`SHRINK_RUNS` among 0.1, 0.3, 1, 3)."""
+log error (chosen with :data:`SHRINK_RUNS`)."""
 MIN_FACTOR_RUNS = 3
 """Fewest runs kept from which component factors depart from the shared shift: one or two
-runs cannot tell components apart, and letting them try made held-out predictions worse."""
+runs cannot tell the components apart."""
 CALIBRATED_COMPONENTS = ("attention", "compute", "communication")
 """The components a calibration with breakdown fits a factor for (together the whole step)."""
 SCHEMA_VERSION = 3
