@@ -60,11 +60,10 @@ The per-class fitting and evaluation (shift, trend + GP, trees) are in
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -102,15 +101,14 @@ from perfcast.models.correction_fit import tree_inputs as tree_inputs
 from perfcast.models.correction_store import (
     CALIBRATION_COLUMN,
     FieldCheck,
+    StoredCorrection,
+    StoreFormat,
     applicable,
-    corrections_for,
+    load_stored,
     predictor_identity,
-    read_json_files,
+    save_stored,
     screen_measurements,
-    store_stem,
-    stored_fields,
     summarize_reasons,
-    write_json_atomic,
 )
 from perfcast.models.intervals import conformal_bounds, log_interval, straddle_zero
 from perfcast.models.op_bounds import dtype_family
@@ -123,10 +121,8 @@ __all__ = [
     "fit_correction",
     "load_corrections",
     "predictor_identity",
-    "read_json_files",
     "save_correction",
     "screen_measurements",
-    "write_json_atomic",
 ]
 
 logger = logging.getLogger(__name__)
@@ -174,7 +170,7 @@ of a tiny op is a lower bound that launch overhead exceeds by two orders of magn
 
 
 @dataclass(frozen=True)
-class GpuCorrection:
+class GpuCorrection(StoredCorrection):
     """Log-shift (and optionally the residual spread) per op class for one GPU.
 
     ``predictor`` is the :func:`predictor_identity` of the op predictor it was fitted for
@@ -182,6 +178,8 @@ class GpuCorrection:
     ``model`` that predictor's display name; ``excluded`` the measured rows left out of the
     fit, each with its reason.
     """
+
+    STORE = StoreFormat("GPU correction", "gpu", SCHEMA_VERSION, READABLE_SCHEMA_VERSIONS, ("gpu", "shifts", "n_ops"))
 
     gpu: str
     shifts: dict[str, float]
@@ -194,15 +192,6 @@ class GpuCorrection:
     predictor: str = ""
     excluded: list[str] = field(default_factory=list)
 
-    @property
-    def label(self) -> str:
-        """How output rows name this correction: ``<gpu>@<created_utc>``."""
-        return f"{self.gpu}@{self.created_utc}" if self.created_utc else self.gpu
-
-    def to_json(self) -> str:
-        """JSON text of the correction (``schema_version`` :data:`SCHEMA_VERSION`)."""
-        return json.dumps({"schema_version": SCHEMA_VERSION, **asdict(self)}, indent=2, allow_nan=False) + "\n"
-
     @classmethod
     def from_json(cls, text: str, *, where: str = "calibration") -> GpuCorrection:
         """Read and check a correction written by :meth:`to_json` (any readable schema version).
@@ -211,16 +200,7 @@ class GpuCorrection:
             BundleError: invalid JSON, another schema, or a field of the wrong type or with a
                 non-finite or nonsensical value (named with ``where``, the file).
         """
-        data = stored_fields(
-            text,
-            where,
-            kind="GPU correction",
-            versions=READABLE_SCHEMA_VERSIONS,
-            allowed=cls.__dataclass_fields__,
-            required=("gpu", "shifts", "n_ops"),
-        )
-        check = FieldCheck(where)
-        check.text(data["gpu"], "gpu", nonempty=True)
+        data, check = cls.checked_fields(text, where)
         bound = math.log(MAX_OP_RATIO)
         for cls_name, shift in check.mapping(data["shifts"], "shifts").items():
             check.number(shift, f"shifts.{cls_name}", lo=-bound, hi=bound)
@@ -234,10 +214,6 @@ class GpuCorrection:
             values = check.numbers(values, f"spread.{cls_name}", nonempty=True)
             if any(b < a for a, b in zip(values, values[1:], strict=False)):
                 raise BundleError(f"{where}: field 'spread.{cls_name}' is not sorted ascending (negative widths)")
-        for name in ("model", "created_utc", "predictor"):
-            check.text(data.get(name, ""), name)
-        for i, reason in enumerate(check.sequence(data.get("excluded", []), "excluded")):
-            check.text(reason, f"excluded[{i}]")
         for cls_name, gp in check.mapping(data.get("residual", {}), "residual").items():
             _check_gp(check, check.mapping(gp, f"residual.{cls_name}"), f"residual.{cls_name}")
         for cls_name, trees in check.mapping(data.get("trees", {}), "trees").items():
@@ -428,9 +404,7 @@ def save_correction(correction: GpuCorrection, directory: str | Path) -> Path:
     Raises:
         SpecError: the correction names no predictor (it would never be applied).
     """
-    if not correction.predictor:
-        raise SpecError(f"the correction of {correction.gpu} names no predictor; fit it with predictor=...")
-    return write_json_atomic(correction.to_json(), directory, store_stem(correction.gpu, correction.predictor))
+    return save_stored(correction.to_json(), directory, correction.gpu, correction.predictor, "correction")
 
 
 def load_corrections(directory: str | Path, predictor: str) -> dict[str, GpuCorrection]:
@@ -442,8 +416,7 @@ def load_corrections(directory: str | Path, predictor: str) -> dict[str, GpuCorr
         BundleError: a file that is not a valid correction (see :meth:`GpuCorrection.from_json`),
             or two for one GPU and predictor.
     """
-    parsed = read_json_files(directory, lambda text, where: (where, GpuCorrection.from_json(text, where=where)))
-    return corrections_for(parsed, lambda corr: corr.gpu, predictor, str(directory), "op")
+    return load_stored(directory, GpuCorrection.from_json, lambda corr: corr.gpu, predictor, "op")
 
 
 def _check_gp(check: FieldCheck, gp: dict[str, Any], name: str) -> None:

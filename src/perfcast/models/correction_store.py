@@ -7,8 +7,9 @@ Shared by the op corrections (:mod:`perfcast.models.calibration`) and the step c
   which keeps the corrections of one predictor (logging each other one once);
 * :func:`screen_measurements`, the plausibility and outlier screen of measured times;
 * the JSON store: one file per (GPU or cluster, predictor) (:func:`store_stem`), written
-  atomically, read back with every field checked (:class:`FieldCheck`: a bad field is a
-  :class:`~perfcast.errors.BundleError` naming the file, the field and what is allowed);
+  atomically (:func:`save_stored`), read back with every field checked (:func:`stored_fields`,
+  :class:`FieldCheck`: a bad field is a :class:`~perfcast.errors.BundleError` naming the
+  file, the field and what is allowed) and kept for one predictor (:func:`load_stored`);
 * :data:`CALIBRATION_COLUMN`, the output column naming the correction applied to a row.
 """
 
@@ -21,13 +22,14 @@ import math
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import pandas as pd
 
-from perfcast.errors import BundleError
+from perfcast.errors import BundleError, SpecError
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -229,6 +231,39 @@ def corrections_for(
     return out
 
 
+def stored_json(schema_version: int, fields: Mapping[str, Any]) -> str:
+    """JSON text of a stored correction: ``schema_version`` then ``fields``, indented, with a
+    final newline; NaN and infinity are refused (ValueError)."""
+    return json.dumps({"schema_version": schema_version, **fields}, indent=2, allow_nan=False) + "\n"
+
+
+def save_stored(text: str, directory: str | Path, key: str, predictor: str, what: str) -> Path:
+    """Write the correction ``text`` of ``key`` (a GPU or cluster) fitted for ``predictor`` to
+    ``<directory>/<key>--<predictor>.json`` (:func:`store_stem`, :func:`write_json_atomic`).
+
+    Raises:
+        SpecError: ``predictor`` is empty (the correction would never be applied); ``what``
+            names the correction in the message (``"step correction"``).
+    """
+    if not predictor:
+        raise SpecError(f"the {what} of {key} names no predictor; fit it with predictor=...")
+    return write_json_atomic(text, directory, store_stem(key, predictor))
+
+
+def load_stored(
+    directory: str | Path, parse: Callable[..., T], key: Callable[[T], str], predictor: str, what: str
+) -> dict[str, T]:
+    """The corrections in ``directory`` (``parse(text, where=path)`` of each file) fitted for
+    ``predictor``, keyed by ``key``; none when the folder does not exist. Those of other
+    predictors are logged once (:func:`applicable`, ``what`` naming their kind: ``"op"``).
+
+    Raises:
+        BundleError: a file ``parse`` refuses, or two for one key and predictor.
+    """
+    parsed = read_json_files(directory, lambda text, where: (where, parse(text, where=where)))
+    return corrections_for(parsed, key, predictor, str(directory), what)
+
+
 def stored_fields(
     text: str,
     where: str,
@@ -268,12 +303,78 @@ def stored_fields(
     return data
 
 
+@dataclass(frozen=True)
+class StoreFormat:
+    """The file format of one kind of stored correction."""
+
+    kind: str
+    """What a file holds, for messages (``"GPU correction"``)."""
+    key: str
+    """The field naming what the correction applies to (``"gpu"``, ``"cluster"``)."""
+    version: int
+    """The schema version written."""
+    readable: tuple[int, ...]
+    """The schema versions read."""
+    required: tuple[str, ...]
+    """The fields a file must hold."""
+
+
+class StoredCorrection:
+    """What the stored corrections share (:class:`~perfcast.models.calibration.GpuCorrection`,
+    :class:`~perfcast.models.step_calibration.ClusterCorrection`): a frozen dataclass with
+    its key field, ``model``, ``created_utc``, ``predictor`` and ``excluded``, written as
+    JSON in its :data:`STORE` format."""
+
+    STORE: ClassVar[StoreFormat]
+    created_utc: str
+
+    @property
+    def label(self) -> str:
+        """How output rows name this correction: ``<key>@<created_utc>`` (``<key>`` when undated)."""
+        key, created = getattr(self, self.STORE.key), self.created_utc
+        return f"{key}@{created}" if created else key
+
+    def to_json(self) -> str:
+        """JSON text of the correction (``schema_version`` ``STORE.version``)."""
+        return stored_json(self.STORE.version, asdict(self))
+
+    @classmethod
+    def checked_fields(cls, text: str, where: str) -> tuple[dict[str, Any], FieldCheck]:
+        """The fields of a stored file (:func:`stored_fields`) with the key (a non-empty string)
+        and the provenance fields (:meth:`FieldCheck.provenance`) checked, and the checker
+        for the rest.
+
+        Raises:
+            BundleError: as :func:`stored_fields`, or a bad key or provenance field.
+        """
+        data = stored_fields(
+            text,
+            where,
+            kind=cls.STORE.kind,
+            versions=cls.STORE.readable,
+            allowed=cls.__dataclass_fields__,
+            required=cls.STORE.required,
+        )
+        check = FieldCheck(where)
+        check.text(data[cls.STORE.key], cls.STORE.key, nonempty=True)
+        check.provenance(data)
+        return data, check
+
+
 class FieldCheck:
     """Checks of the fields of a stored correction; each failure is a BundleError naming
     the file (``where``), the field, the value and what is allowed."""
 
     def __init__(self, where: str) -> None:
         self.where = where
+
+    def provenance(self, data: Mapping[str, Any]) -> None:
+        """Check the fields every stored correction may carry: ``model``, ``created_utc`` and
+        ``predictor`` (strings) and ``excluded`` (a list of strings)."""
+        for name in ("model", "created_utc", "predictor"):
+            self.text(data.get(name, ""), name)
+        for i, reason in enumerate(self.sequence(data.get("excluded", []), "excluded")):
+            self.text(reason, f"excluded[{i}]")
 
     def fail(self, name: str, value: Any, allowed: str) -> BundleError:
         shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."

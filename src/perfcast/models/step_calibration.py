@@ -45,10 +45,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -58,16 +57,14 @@ from perfcast.features.run_config import RunConfig
 from perfcast.models.component_factors import FACTOR_RANGE, ComponentFactors, breakdown_shares
 from perfcast.models.correction_store import (
     CALIBRATION_COLUMN,
-    FieldCheck,
+    StoredCorrection,
+    StoreFormat,
     applicable,
-    corrections_for,
+    load_stored,
     predictor_identity,
-    read_json_files,
+    save_stored,
     screen_measurements,
-    store_stem,
-    stored_fields,
     summarize_reasons,
-    write_json_atomic,
 )
 from perfcast.models.predictor_protocol import StepTimePredictor
 
@@ -110,7 +107,7 @@ def cluster_key(gpu: str, inter_node_fabric: str | None = None) -> str:
 
 
 @dataclass(frozen=True)
-class ClusterCorrection:
+class ClusterCorrection(StoredCorrection):
     """The log shift of one cluster's step times, from ``n_runs`` measured steps.
 
     ``predictor`` is the :func:`~perfcast.models.calibration.predictor_identity` of the step
@@ -130,6 +127,11 @@ class ClusterCorrection:
     excluded: list[str] = field(default_factory=list)
     factors: dict[str, float] = field(default_factory=dict)
 
+    STORE = StoreFormat(
+        "step correction", "cluster", SCHEMA_VERSION, READABLE_SCHEMA_VERSIONS,
+        required=("cluster", "shift", "n_runs", "log_residuals"),
+    )
+
     @property
     def factor(self) -> float:
         """The shared multiplier ``exp(shift)``: the whole correction when ``factors`` is empty."""
@@ -145,15 +147,6 @@ class ClusterCorrection:
         """Breakdown part (``compute``, ``comm_tp`` …) -> its multiplier, for the parts a factor scales."""
         return ComponentFactors(self.factors).part_factors()
 
-    @property
-    def label(self) -> str:
-        """How output rows name this correction: ``<cluster>@<created_utc>``."""
-        return f"{self.cluster}@{self.created_utc}" if self.created_utc else self.cluster
-
-    def to_json(self) -> str:
-        """JSON text of the correction (``schema_version`` :data:`SCHEMA_VERSION`)."""
-        return json_dumps({"schema_version": SCHEMA_VERSION, **asdict(self)})
-
     @classmethod
     def from_json(cls, text: str, *, where: str = "step calibration") -> ClusterCorrection:
         """Read and check a correction written by :meth:`to_json` (or schema version 1).
@@ -162,36 +155,16 @@ class ClusterCorrection:
             BundleError: invalid JSON, another schema, or a field of the wrong type or with a
                 non-finite or nonsensical value (named with ``where``, the file).
         """
-        data = stored_fields(
-            text,
-            where,
-            kind="step correction",
-            versions=READABLE_SCHEMA_VERSIONS,
-            allowed=cls.__dataclass_fields__,
-            required=("cluster", "shift", "n_runs", "log_residuals"),
-        )
-        check = FieldCheck(where)
-        check.text(data["cluster"], "cluster", nonempty=True)
+        data, check = cls.checked_fields(text, where)
         bound = math.log(MAX_STEP_RATIO)
         check.number(data["shift"], "shift", lo=-bound, hi=bound)
         n_runs = check.count(data["n_runs"], "n_runs")
         check.numbers(data["log_residuals"], "log_residuals", length=n_runs)
-        for name in ("model", "created_utc", "predictor"):
-            check.text(data.get(name, ""), name)
-        for i, reason in enumerate(check.sequence(data.get("excluded", []), "excluded")):
-            check.text(reason, f"excluded[{i}]")
         try:
             factors = ComponentFactors.from_dict(data.get("factors", {})).to_dict()
         except (TypeError, ValueError) as exc:
             raise BundleError(f"{where}: field 'factors': {exc}") from None
         return cls(**{**data, "shift": float(data["shift"]), "factors": factors})
-
-
-def json_dumps(data: Mapping[str, Any]) -> str:
-    """Indented JSON text with a final newline; NaN and infinity are refused (ValueError)."""
-    import json
-
-    return json.dumps(data, indent=2, allow_nan=False) + "\n"
 
 
 def fit_step_correction(
@@ -275,9 +248,7 @@ def save_step_correction(correction: ClusterCorrection, directory: str | Path) -
     Raises:
         SpecError: the correction names no predictor (it would never be applied).
     """
-    if not correction.predictor:
-        raise SpecError(f"the step correction of {correction.cluster} names no predictor; fit it with predictor=...")
-    return write_json_atomic(correction.to_json(), directory, store_stem(correction.cluster, correction.predictor))
+    return save_stored(correction.to_json(), directory, correction.cluster, correction.predictor, "step correction")
 
 
 def load_step_corrections(directory: str | Path, predictor: str) -> dict[str, ClusterCorrection]:
@@ -288,8 +259,7 @@ def load_step_corrections(directory: str | Path, predictor: str) -> dict[str, Cl
     Raises:
         BundleError: a file that is not a valid step correction, or two for one cluster and predictor.
     """
-    parsed = read_json_files(directory, lambda text, where: (where, ClusterCorrection.from_json(text, where=where)))
-    return corrections_for(parsed, lambda corr: corr.cluster, predictor, str(directory), "step")
+    return load_stored(directory, ClusterCorrection.from_json, lambda corr: corr.cluster, predictor, "step")
 
 
 def config_cluster_key(config: RunConfig) -> str:
