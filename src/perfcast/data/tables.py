@@ -25,7 +25,7 @@ import socket
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -208,6 +208,17 @@ def read_errors() -> tuple[type[BaseException], ...]:
         pd.errors.ParserError,
         pa.ArrowException,  # a damaged Parquet footer, page or schema
     )
+
+
+def require_columns(raw: pd.DataFrame, required: Sequence[str], path: str | Path, what: str) -> None:
+    """Check that a source table holds every required column.
+
+    Raises:
+        DatasetError: ``"<path>: missing required <what> columns: <each one missing>"``.
+    """
+    missing = [c for c in required if c not in raw.columns]
+    if missing:
+        raise DatasetError(f"{path}: missing required {what} columns: {', '.join(missing)}")
 
 
 def read_table(path: str | Path) -> pd.DataFrame:

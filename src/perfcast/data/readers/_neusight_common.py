@@ -1,4 +1,4 @@
-"""What the NeuSight readers share: provenance names, the repeat count, and the column checks.
+"""What the NeuSight readers share: provenance names, the repeat count, reading a source file and the cell checks.
 
 See :mod:`perfcast.data.readers.neusight` for the source and its time statistic.
 """
@@ -11,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcast.data.records import RejectionReasons
 from perfcast.data.schema import DType, OpTiming
-from perfcast.errors import DatasetError, SpecError
+from perfcast.data.tables import read_table, require_columns
+from perfcast.errors import SpecError
 
 SOURCE_NAME = "neusight"
+"""Prefix of the ``source`` provenance column."""
 TIMING = OpTiming.CUDA_EVENTS
 """NeuSight times each call with CUDA events (collect.py): launch and host overhead included."""
-"""Prefix of the ``source`` provenance column."""
 
 NEUSIGHT_REPEATS = 25
 """Runs per op in NeuSight's collection; ``measured_ms`` is the mean of the 5 fastest."""
@@ -26,11 +28,16 @@ MAX_ELEMENTS = 2**62
 """Largest shape product accepted from a parsed shape (guards against garbage cells)."""
 
 
-def check_columns(raw: pd.DataFrame, required: Sequence[str], path: str | Path, what: str) -> None:
-    """Raise DatasetError naming every required column the source lacks."""
-    missing = [c for c in required if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required {what} columns: {', '.join(missing)}")
+def read_source(path: str | Path, required: Sequence[str], what: str) -> pd.DataFrame:
+    """The rows of a NeuSight file, indexed 0..n-1 (the ``source_row`` of each record).
+
+    Raises:
+        DatasetError: the file cannot be read, or lacks required columns (each named, with
+            ``what``: ``"NeuSight GEMM"``).
+    """
+    raw = read_table(path).reset_index(drop=True)
+    require_columns(raw, required, path, what)
+    return raw
 
 
 def numeric_columns(raw: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
@@ -65,6 +72,14 @@ def map_names(values: pd.Series, parse: Callable[[str], object]) -> tuple[pd.Ser
 def parse_dtype(name: str) -> str:
     """The op-table dtype of a source dtype name (``float32`` -> ``fp32``); SpecError when unknown."""
     return DType.parse(name).value
+
+
+def checked_dtypes(values: pd.Series, reasons: RejectionReasons) -> pd.Series:
+    """The op-table dtype of each row (:func:`parse_dtype`); a row whose name is unknown is
+    rejected in ``reasons`` with the parser's message."""
+    dtype, error = map_names(values, parse_dtype)
+    reasons.add((error != "").to_numpy(dtype=bool), error.to_numpy(dtype=object))
+    return dtype
 
 
 def label_to_device(label: pd.Series) -> pd.Series:

@@ -37,7 +37,6 @@ Assumptions and mappings:
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -45,8 +44,7 @@ import pandas as pd
 
 from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.schema import DType, OpTiming, OpType
-from perfcast.data.tables import read_table
-from perfcast.errors import DatasetError
+from perfcast.data.tables import read_table, require_columns
 
 logger = logging.getLogger(__name__)
 
@@ -79,13 +77,6 @@ ALLREDUCE_REQUIRED: tuple[str, ...] = ("gpu", "size_floats", "n_devices", "mean_
 """Source columns each reader needs; a file missing any of them raises DatasetError."""
 
 _PROVENANCE = ("sheet", "app", "software")
-
-
-def _check_columns(raw: pd.DataFrame, required: Sequence[str], path: str | Path, what: str) -> None:
-    """Raise DatasetError naming every required column the source lacks."""
-    missing = [c for c in required if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required {what} columns: {', '.join(missing)}")
 
 
 def _number(raw: pd.DataFrame, col: str) -> pd.Series:
@@ -148,7 +139,7 @@ def read_deepbench_gemm(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path).reset_index(drop=True)
-    _check_columns(raw, GEMM_REQUIRED, path, "DeepBench GEMM")
+    require_columns(raw, GEMM_REQUIRED, path, "DeepBench GEMM")
     reasons = RejectionReasons(len(raw))
     dims = {c: _number(raw, c) for c in ("M", "N", "K")}
     for col, value in dims.items():
@@ -207,7 +198,7 @@ def read_deepbench_allreduce(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path).reset_index(drop=True)
-    _check_columns(raw, ALLREDUCE_REQUIRED, path, "DeepBench all-reduce")
+    require_columns(raw, ALLREDUCE_REQUIRED, path, "DeepBench all-reduce")
     reasons = RejectionReasons(len(raw))
     size = _number(raw, "size_floats")
     ranks = _number(raw, "n_devices")

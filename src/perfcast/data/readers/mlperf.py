@@ -84,8 +84,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.records import ReadResult, RejectionReasons
-from perfcast.data.tables import RUN_COLUMNS, read_table
-from perfcast.errors import DatasetError
+from perfcast.data.tables import RUN_COLUMNS, read_table, require_columns
 
 logger = logging.getLogger(__name__)
 
@@ -218,9 +217,7 @@ def _whole(value: pd.Series) -> pd.Series:
 
 def _read(path: str | Path, required: tuple[str, ...], *, llm: bool, runs: bool) -> ReadResult:
     raw = read_table(path)
-    missing = [c for c in required if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required MLPerf columns: {', '.join(missing)}")
+    require_columns(raw, required, path, "MLPerf")
     raw = raw.reset_index(drop=True)
     r = RejectionReasons(len(raw))
     _availability_checks(raw, r, runs=runs)

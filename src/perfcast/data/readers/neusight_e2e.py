@@ -13,14 +13,13 @@ from perfcast.data.readers._neusight_common import (
     SOURCE_NAME,
     bad_positive_int,
     bad_time,
-    check_columns,
+    checked_dtypes,
     label_to_device,
-    map_names,
     numeric_columns,
-    parse_dtype,
+    read_source,
 )
 from perfcast.data.records import ReadResult, RejectionReasons
-from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
+from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN
 
 E2E_REQUIRED: tuple[str, ...] = (
     "gpu", "n_gpus", "model", "mode", "seq_len", "global_batch", "dp", "tp", "pp", "pp_num_microbatches",
@@ -92,8 +91,7 @@ def read_neusight_e2e(path: str | Path) -> ReadResult:
     Raises:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
-    raw = read_table(path).reset_index(drop=True)
-    check_columns(raw, E2E_REQUIRED, path, "NeuSight e2e")
+    raw = read_source(path, E2E_REQUIRED, "NeuSight e2e")
     reasons = RejectionReasons(len(raw))
     num = numeric_columns(
         raw, (*_E2E_INT_COLUMNS, "pp_num_microbatches", "cfg_ffn", "cfg_num_experts", "e2e_latency_ms")
@@ -105,8 +103,7 @@ def read_neusight_e2e(path: str | Path) -> ReadResult:
     mode = raw["mode"].astype("string").str.strip().str.lower()
     scope = mode.map(lambda v: _TIMING_SCOPES.get(v) if isinstance(v, str) else None).astype(object)
     reasons.add(scope.isna().to_numpy(dtype=bool), f"mode is not one of {', '.join(_TIMING_SCOPES)}")
-    dtype, dtype_err = map_names(raw["dtype"], parse_dtype)
-    reasons.add((dtype_err != "").to_numpy(dtype=bool), dtype_err.to_numpy(dtype=object))
+    dtype = checked_dtypes(raw["dtype"], reasons)
     reasons.add((dtype.notna() & (dtype != E2E_DTYPE)).to_numpy(dtype=bool), "dtype is not float32")
 
     pp = num["pp"]

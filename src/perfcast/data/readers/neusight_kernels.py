@@ -17,14 +17,12 @@ from perfcast.data.readers._neusight_common import (
     SOURCE_NAME,
     TIMING,
     bad_positive_int,
-    check_columns,
-    map_names,
+    checked_dtypes,
     numeric_columns,
-    parse_dtype,
+    read_source,
 )
 from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.schema import OpType
-from perfcast.data.tables import read_table
 
 GEMM_REQUIRED: tuple[str, ...] = (
     "op", "gpu", "neusight_split", "dtype", "framework", "gemm_batch", "gemm_m", "gemm_n", "gemm_k", "latency_ms",
@@ -91,8 +89,7 @@ def _kernel_result(
     dims = numeric_columns(raw, tuple(dims_as.values()))
     for col in dims:
         reasons.add(bad_positive_int(dims[col]).to_numpy(), f"{col} is not a positive integer")
-    dtype, dtype_err = map_names(raw["dtype"], parse_dtype)
-    reasons.add((dtype_err != "").to_numpy(), dtype_err.to_numpy(dtype=object))
+    dtype = checked_dtypes(raw["dtype"], reasons)
     time = pd.to_numeric(raw["latency_ms"], errors="coerce").astype("float64")
     reasons.add(time.isna() | ~np.isfinite(time), "latency_ms is missing or not a finite number")
     reasons.add(np.isfinite(time) & (time <= 0), "latency_ms is not positive")
@@ -155,8 +152,7 @@ def read_neusight_gemm(path: str | Path) -> ReadResult:
     Raises:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
-    raw = read_table(path).reset_index(drop=True)
-    check_columns(raw, GEMM_REQUIRED, path, "NeuSight GEMM")
+    raw = read_source(path, GEMM_REQUIRED, "NeuSight GEMM")
     ops = {name: op.value for name, op in GEMM_OPS.items()}
     dims_as = {"batch": "gemm_batch", "m": "gemm_m", "n": "gemm_n", "k": "gemm_k"}
     return _kernel_result(raw, path, ops, dims_as, {})
@@ -183,8 +179,7 @@ def read_neusight_vector(path: str | Path) -> ReadResult:
     Raises:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
-    raw = read_table(path).reset_index(drop=True)
-    check_columns(raw, VECTOR_REQUIRED, path, "NeuSight vector")
+    raw = read_source(path, VECTOR_REQUIRED, "NeuSight vector")
     ops = {name: op.value for name, (op, _) in VECTOR_OPS.items()}
     scalar = _op_names(raw).map(lambda v: VECTOR_OPS[v][1] if v in VECTOR_OPS else False).astype(bool)
     return _kernel_result(raw, path, ops, {"rows": "rows_B", "cols": "cols_H"}, {"scalar": scalar})

@@ -22,14 +22,13 @@ from perfcast.data.readers._neusight_common import (
     SOURCE_NAME,
     TIMING,
     bad_time,
-    check_columns,
     label_to_device,
     map_names,
     parse_dtype,
+    read_source,
 )
 from perfcast.data.records import ReadResult, RejectionReasons
 from perfcast.data.schema import OpType
-from perfcast.data.tables import read_table
 
 logger = logging.getLogger(__name__)
 
@@ -267,8 +266,7 @@ def read_neusight_model_ops(path: str | Path) -> ReadResult:
     Raises:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
-    raw = read_table(path).reset_index(drop=True)
-    check_columns(raw, MODEL_OPS_REQUIRED, path, "NeuSight model-op")
+    raw = read_source(path, MODEL_OPS_REQUIRED, "NeuSight model-op")
     mapped = [
         map_fx_node(kind, target, ins, out)
         for kind, target, ins, out in zip(

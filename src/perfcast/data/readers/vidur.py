@@ -90,8 +90,7 @@ import pandas as pd
 
 from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
 from perfcast.data.schema import OpTiming, OpType
-from perfcast.data.tables import read_table
-from perfcast.errors import DatasetError
+from perfcast.data.tables import read_table, require_columns
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +172,7 @@ def read_vidur_ops(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path)
-    _check_columns(raw, OPS_REQUIRED_COLUMNS, path)
+    require_columns(raw, OPS_REQUIRED_COLUMNS, path, "Vidur")
     num = raw[list(_SHAPE_COLUMNS + _OP_TIME_COLUMNS)].apply(pd.to_numeric, errors="coerce").astype("float64")
     gated = _parse_bool(raw["use_gated_mlp"])
     op_name = raw["op"].astype("string").str.strip().fillna("")
@@ -218,7 +217,7 @@ def read_vidur_collectives(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path)
-    _check_columns(raw, COLLECTIVES_REQUIRED_COLUMNS, path)
+    require_columns(raw, COLLECTIVES_REQUIRED_COLUMNS, path, "Vidur")
     num = (
         raw[[*_COLL_INT_COLUMNS, "time_ms_median", "time_ms_min", "time_ms_max"]]
         .apply(pd.to_numeric, errors="coerce")
@@ -253,13 +252,6 @@ def read_vidur_collectives(path: str | Path) -> ReadResult:
     records = _collective_rows(good)
     rejected = raw[~ok].assign(**{REASON_COLUMN: reasons[~ok]}).reset_index(drop=True)
     return ReadResult(records=records, rejected=rejected)
-
-
-def _check_columns(raw: pd.DataFrame, required: tuple[str, ...], path: str | Path) -> None:
-    """Raise DatasetError naming every required column the source lacks."""
-    missing = [c for c in required if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required Vidur columns: {', '.join(missing)}")
 
 
 def _parse_bool(values: pd.Series) -> pd.Series:

@@ -44,8 +44,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.records import REASON_COLUMN, ReadResult, RejectionReasons
-from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
-from perfcast.errors import DatasetError
+from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table, require_columns
 
 logger = logging.getLogger(__name__)
 
@@ -123,7 +122,7 @@ def read_vtrain_iterations(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path)
-    _check_columns(raw, path)
+    require_columns(raw, REQUIRED_COLUMNS, path, "vTrain")
     numeric = _numeric_fields(raw)
     recompute = _recompute_mode(raw["activation_checkpointing_in_config"])
     reasons = _rejection_reasons(raw, numeric, recompute)
@@ -133,13 +132,6 @@ def read_vtrain_iterations(path: str | Path) -> ReadResult:
     records = _run_rows(raw[ok], numeric[ok], recompute[ok])
     rejected = raw[~ok].assign(**{REASON_COLUMN: reasons[~ok]}).reset_index(drop=True)
     return ReadResult(records=records, rejected=rejected)
-
-
-def _check_columns(raw: pd.DataFrame, path: str | Path) -> None:
-    """Raise DatasetError naming every required column the source lacks."""
-    missing = [c for c in REQUIRED_COLUMNS if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required vTrain columns: {', '.join(missing)}")
 
 
 def _numeric_fields(raw: pd.DataFrame) -> pd.DataFrame:
@@ -277,9 +269,7 @@ def read_vtrain_nccl(path: str | Path) -> ReadResult:
         DatasetError: the file cannot be read or lacks required columns (named).
     """
     raw = read_table(path)
-    missing = [c for c in NCCL_REQUIRED_COLUMNS if c not in raw.columns]
-    if missing:
-        raise DatasetError(f"{path}: missing required vTrain nccl columns: {', '.join(missing)}")
+    require_columns(raw, NCCL_REQUIRED_COLUMNS, path, "vTrain nccl")
     num = raw[list(_NCCL_NUMERIC)].apply(pd.to_numeric, errors="coerce").astype("float64")
     collective = raw["collective"].astype("string").str.strip().str.lower().fillna("")
     dtype = raw["dtype"].astype("string").str.strip().str.lower().map(_NCCL_DTYPES)
