@@ -23,7 +23,8 @@ Families:
   shared expert (both ``intermediate_size`` wide), dense layers ``intermediate_size_mlp``
   wide. The vision encoder and Llama-4's chunked attention are not modelled (chunked
   attention equals full attention up to ``attention_chunk_size`` tokens).
-- gpt2, gpt_neox, opt, falcon: their own keys.
+- gpt2, gpt_neox, opt: LayerNorm decoders, each family's keys in one table
+  (:data:`_LAYERNORM_FAMILIES`); falcon: its own keys.
 
 Refused with a :class:`~perfcast.errors.SpecError`: Mamba hybrids (nemotron_h, jamba,
 falcon_h1, ...), MLA keys on a family that has none, dense layers at arbitrary positions
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,8 +164,9 @@ def hf_model_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"read for model_type {', '.join(sorted(_MLA_FAMILIES))} only"
         )
     r = _HFReader(cfg, where, model_type)
-    readers = {"gpt2": _hf_gpt2, "gpt_neox": _hf_gpt_neox, "opt": _hf_opt, "falcon": _hf_falcon,
-               "gpt_oss": _hf_gpt_oss, "llama4": _hf_llama4, **dict.fromkeys(_MLA_FAMILIES, _hf_deepseek)}  # fmt: skip
+    readers = {"falcon": _hf_falcon, "gpt_oss": _hf_gpt_oss, "llama4": _hf_llama4,
+               **dict.fromkeys(_LAYERNORM_FAMILIES, _hf_layernorm_decoder),
+               **dict.fromkeys(_MLA_FAMILIES, _hf_deepseek)}  # fmt: skip
     if model_type in readers:
         fields = readers[model_type](r)
     else:
@@ -287,56 +290,69 @@ def _hf_llama4(r: _HFReader) -> dict[str, Any]:
     return fields
 
 
-def _hf_gpt2(r: _HFReader) -> dict[str, Any]:
-    return {
-        "num_layers": r.req("n_layer", "num_hidden_layers"),
-        "hidden_size": r.req("n_embd", "hidden_size"),
-        "num_heads": r.req("n_head", "num_attention_heads"),
-        "ffn_hidden_size": r.opt("n_inner"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.req("n_positions", "n_ctx", "max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("activation_function", default="gelu_new"),
-        "norm": "layernorm",
-        "position_embedding": "learned",
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
-        "bias": True,
-    }
+@dataclass(frozen=True)
+class _LayerNormKeys:
+    """Where a GPT-style family (LayerNorm, plain MLP) keeps each field: the keys tried in
+    order, whether the field is required, and the defaults of its config class."""
+
+    ffn: tuple[str, ...]
+    activation: str
+    activation_default: str
+    position_embedding: str
+    bias: str | bool
+    """The key of the biases flag (default True), or the fixed value."""
+    positions: tuple[str, ...] = ("max_position_embeddings",)
+    positions_required: bool = False
+    ffn_required: bool = True
+    layers: tuple[str, ...] = ("num_hidden_layers",)
+    hidden: tuple[str, ...] = ("hidden_size",)
+    heads: tuple[str, ...] = ("num_attention_heads",)
 
 
-def _hf_gpt_neox(r: _HFReader) -> dict[str, Any]:
-    return {
-        "num_layers": r.req("num_hidden_layers"),
-        "hidden_size": r.req("hidden_size"),
-        "num_heads": r.req("num_attention_heads"),
-        "ffn_hidden_size": r.req("intermediate_size"),
-        "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.opt("max_position_embeddings"),
-        "gated_mlp": False,
-        "activation": r.activation("hidden_act", default="gelu"),
-        "norm": "layernorm",
-        "position_embedding": "rope",
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=False)),
-        "bias": bool(r.opt("attention_bias", default=True)),
-    }
-
-
-def _hf_opt(r: _HFReader) -> dict[str, Any]:
+_LAYERNORM_FAMILIES: dict[str, _LayerNormKeys] = {
+    "gpt2": _LayerNormKeys(
+        layers=("n_layer", "num_hidden_layers"),
+        hidden=("n_embd", "hidden_size"),
+        heads=("n_head", "num_attention_heads"),
+        ffn=("n_inner",),
+        ffn_required=False,
+        positions=("n_positions", "n_ctx", "max_position_embeddings"),
+        positions_required=True,
+        activation="activation_function",
+        activation_default="gelu_new",
+        position_embedding="learned",
+        bias=True,
+    ),
+    "gpt_neox": _LayerNormKeys(
+        ffn=("intermediate_size",), activation="hidden_act", activation_default="gelu", position_embedding="rope",
+        bias="attention_bias",
+    ),
     # OPT's learned position table has 2 extra rows (padding offset) and opt-350m projects
     # a 512-wide embedding in and out; both are ignored (< 0.2% of parameters).
+    "opt": _LayerNormKeys(
+        ffn=("ffn_dim",), positions_required=True, activation="activation_function", activation_default="relu",
+        position_embedding="learned", bias="enable_bias",
+    ),
+}
+"""The GPT-style families read by :func:`_hf_layernorm_decoder`, by ``model_type``."""
+
+
+def _hf_layernorm_decoder(r: _HFReader) -> dict[str, Any]:
+    """The fields of a family of :data:`_LAYERNORM_FAMILIES` (``r.model_type``)."""
+    keys = _LAYERNORM_FAMILIES[r.model_type]
     return {
-        "num_layers": r.req("num_hidden_layers"),
-        "hidden_size": r.req("hidden_size"),
-        "num_heads": r.req("num_attention_heads"),
-        "ffn_hidden_size": r.req("ffn_dim"),
+        "num_layers": r.req(*keys.layers),
+        "hidden_size": r.req(*keys.hidden),
+        "num_heads": r.req(*keys.heads),
+        "ffn_hidden_size": r.req(*keys.ffn) if keys.ffn_required else r.opt(*keys.ffn),
         "vocab_size": r.req("vocab_size"),
-        "max_position_embeddings": r.req("max_position_embeddings"),
+        "max_position_embeddings": r.req(*keys.positions) if keys.positions_required else r.opt(*keys.positions),
         "gated_mlp": False,
-        "activation": r.activation("activation_function", default="relu"),
+        "activation": r.activation(keys.activation, default=keys.activation_default),
         "norm": "layernorm",
-        "position_embedding": "learned",
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
-        "bias": bool(r.opt("enable_bias", default=True)),
+        "position_embedding": keys.position_embedding,
+        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=_HF_TIED_DEFAULT[r.model_type])),
+        "bias": keys.bias if isinstance(keys.bias, bool) else bool(r.opt(keys.bias, default=True)),
     }
 
 
@@ -362,6 +378,6 @@ def _hf_falcon(r: _HFReader) -> dict[str, Any]:
         "activation": r.activation("activation", default="gelu"),
         "norm": "layernorm",
         "position_embedding": "alibi" if r.opt("alibi", default=False) else "rope",
-        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=True)),
+        "tied_embeddings": bool(r.opt("tie_word_embeddings", default=_HF_TIED_DEFAULT["falcon"])),
         "bias": bool(r.opt("bias", default=False)),
     }
