@@ -25,10 +25,9 @@ def descriptor_figures(hw: HardwareSpec) -> Mapping[str, float]:
     from the nearest catalog entry of the same vendor that has it
     (:class:`sklearn.impute.KNNImputer`, one neighbour, NaN-aware Euclidean distance over
     the logs of the tensor peak (fp16, else bf16), memory bandwidth and these figures).
-    A tree never saw a missing descriptor in training, so a NaN sends the row down
-    arbitrary branches: a B200 GEMM of 512^3 came out 2.7x slower than on an H100 with
-    NaN SM count and L2, and the same as on an H100 with the H200's figures. A figure no
-    peer of the vendor has stays NaN. The catalog entry itself is not changed.
+    A tree never saw a missing descriptor in training, so a NaN would send the row down
+    arbitrary branches. A figure no peer of the vendor has stays NaN. The catalog entry
+    itself is not changed.
     """
     own = [getattr(hw, name) for name in IMPUTED_FIGURES]
     if all(v is not None for v in own):

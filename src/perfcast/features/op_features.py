@@ -8,8 +8,7 @@ over the GPU's SMs); the learned part models ``log(t / (launch + roofline))`` on
 Features are relative to the GPU wherever possible (waves, intensity over the ridge
 point, bytes over L2), so a tree fitted on some GPUs transfers to a GPU it has not seen.
 The GEMM set carries no absolute time or absolute GPU figure; the vector set carries a few
-GPU descriptors (on NeuSight's fp32 kernels, adding descriptors to the GEMM set or dropping
-them from the vector set raised the leave-one-GPU-out median MAPE).
+GPU descriptors.
 
 Columns (``FEATURE_SPEC.columns[op_class]`` is each class's ordered list):
 

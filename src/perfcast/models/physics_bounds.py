@@ -23,11 +23,8 @@ pass. The dtype class (:func:`dtype_class`) is ``tensor`` for the tensor-core dt
 fp16, bf16, fp8 and the block-scaled ones) and ``fp32`` for plain fp32: a run in fp8
 reaches a lower fraction of its (twice as high) peak than the same run in bf16, because
 attention, norms and communication do not speed up, so the best 16-bit MFU of a generation
-bounds its fp8 runs too. Keying by exact dtype instead left the fp8 ceiling to the
-frameworks that happened to be in training (llm-foundry's and torchtitan's fp8 Hopper
-runs reach at most 0.30 MFU, NeMo's 0.44 and MLPerf's 0.48): leaving the Megatron-Core
-runs out of training, an fp8 key put 50 of their 73 measured steps below the floor, the
-tensor class none (its Hopper ceiling 0.50, from llm-foundry's bf16 runs).
+bounds its fp8 runs too (an exact-dtype key would leave the fp8 ceiling to whichever
+frameworks happened to be in training).
 A query's ceiling is that best MFU times ``1 + margin`` (default :data:`DEFAULT_MARGIN` =
 +10% relative), at most ``max_mfu`` (1). A (generation, class) with no training run takes
 the nearest generation that has the class (by the mean release year of the generation's
