@@ -11,6 +11,7 @@ import pytest
 from fixtures.shared import shared_file
 
 from perfcast.data.readers.published_steps import (
+    GPU_STAND_INS,
     PRESET_FILLS,
     PRESET_MODELS,
     SOURCE_TABLES,
@@ -107,6 +108,27 @@ def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
     assert rec["model_name"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
 
 
+def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:
+    """A listed board reads as its stand-in part; torchtitan 1F1B rows without a microbatch get its default."""
+    board = next(iter(GPU_STAND_INS))
+    rows = [
+        # global batch 256 over dp 8 and pp 8 -> 4 sequences per pipeline microbatch
+        _TITAN + f",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,1,,256,,3,,,,bf16,\"{board}\",64,8,"
+        "4096.0,,,,1F1B",
+        # interleaved stages unstated (vpp empty): left empty
+        _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,,,256,,3,,,,bf16,H100 80GB,64,8,"
+        "4096.0,,,,interleaved",
+        # not torchtitan: left empty
+        _NEMO + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,1,,256,,3,,,,bf16,H100 80GB,64,8,"
+        "4096.0,,,,1F1B",
+    ]
+    rec = read_published_steps(_write(tmp_path, rows)).records
+    assert rec["micro_batch"].iloc[0] == 4 and rec["micro_batch"].iloc[1:].isna().all()
+    assert rec["defaulted_fields"].tolist() == ["micro_batch;gpu", "", ""]
+    assert (rec["gpu"].iloc[0], rec["device_name"].iloc[0]) == (GPU_STAND_INS[board], board)
+    assert resolve_gpu_name(GPU_STAND_INS[board]) == GPU_STAND_INS[board]
+
+
 def test_fixture_model_names(tmp_path: Path) -> None:
     rec = read_published_steps(_write(tmp_path)).records
     assert rec["model_name"].tolist() == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano", "llama2-7b"]
@@ -178,7 +200,12 @@ def test_real_file() -> None:
     timed = rec[rec["measured_tokens_per_s_per_gpu"].notna()]
     from_tps = timed["global_batch"] * timed["seq_len"] / (timed["measured_tokens_per_s_per_gpu"] * timed["num_gpus"])
     assert (timed["measured_step_ms"] / (from_tps * 1000)).between(0.99, 1.01).all()
-    assert rec.loc[rec["defaulted_fields"] != "", "model"].tolist() == ["gpt3-175b", "gpt3-175b"]
+    defaulted = rec.set_index("model")["defaulted_fields"]
+    assert defaulted[defaulted.str.contains("vocab_size")].index.tolist() == ["gpt3-175b", "gpt3-175b"]
+    stand_in = rec["device_name"].isin(GPU_STAND_INS)
+    assert stand_in.sum() == 33 and (rec.loc[stand_in, "gpu"] == "h100-sxm5-80gb").all()
+    assert rec.loc[stand_in, "defaulted_fields"].str.endswith("gpu").all()
+    assert rec["defaulted_fields"].str.contains("micro_batch").sum() == 5  # torchtitan 1F1B PP rows
     moved = rec["model"].isna() & rec["model_name"].notna()
     assert moved.sum() > 200 and not rec.loc[moved, "model_name"].isin(PRESET_MODELS).any()  # mpt-7b ...
     assert (rec["tp"] * rec["pp"] * rec["dp"] * rec["cp"] == rec["num_gpus"]).all()
@@ -186,8 +213,8 @@ def test_real_file() -> None:
     # schema checks without GPU resolution: what the rows themselves lack
     checked = check_run_records(rec)
     reasons = checked.rejected[REASON_COLUMN]
-    assert (checked.n_records, checked.n_rejected) == (291, 16)
-    assert reasons.str.contains("micro_batch must be a positive integer").sum() == 6  # torchtitan PP, not stated
+    assert (checked.n_records, checked.n_rejected) == (296, 11)
+    assert reasons.str.contains("micro_batch must be a positive integer").sum() == 1  # torchtitan interleaved PP
     assert reasons.str.contains("no measured time").sum() == 5  # MaxText: TFLOP/s only
     assert "sft" in set(checked.records["finetune"])  # full-parameter fine-tuning: accepted
     assert reasons.str.contains("vocab_size must be a positive integer").sum() == 5  # 3 without a shape, 2 vocab

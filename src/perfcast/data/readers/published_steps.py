@@ -16,7 +16,11 @@ Mapping, one record per source row:
   written out here because the data layer does not read the features catalogs; a test
   checks it against the presets) and the field is named in ``defaulted_fields``
   (``;``-separated). Other empty required fields stay empty and the record checks
-  reject those rows.
+  reject those rows. A torchtitan row with pipeline parallelism (``pp > 1``, ``vpp`` 1) and
+  no ``micro_batch`` gets torchtitan's default: a rank's local batch (``global_batch / dp``)
+  is split into as many microbatches as there are pipeline stages, ``micro_batch =
+  global_batch / (dp * pp)`` (:func:`_pipeline_microbatch_fills`), also named in
+  ``defaulted_fields``.
 * ``model_name``: the file's ``model`` text, always. ``model``: the same name when it is a
   perfcast preset (:data:`PRESET_MODELS`) or the row does not spell its shape
   (:data:`SHAPE_FIELDS`); empty for a name that is not a preset (``mpt-7b``,
@@ -42,7 +46,9 @@ Mapping, one record per source row:
   FSDP) and NeMo AutoModel (its PyTorch-native FSDP2 backend), ``maxtext`` (JAX); empty
   for an unlisted table.
 * ``gpu``: the file's spelling (e.g. ``"H100 SXM 80GB (DGX-H100)"``), resolved to a catalog
-  id by the record checks' ``resolve_gpu`` hook; ``device_name`` keeps the spelling.
+  id by the record checks' ``resolve_gpu`` hook; ``device_name`` keeps the spelling. A board
+  the hardware catalog lacks but :data:`GPU_STAND_INS` lists is read as its stand-in part,
+  and ``gpu`` is named in ``defaulted_fields``.
 
 Rejected rows (``reason`` column): a numeric cell that is not a number (``tp='x'``), a
 whole-number cell with a fraction, or an empty ``source``.
@@ -90,6 +96,19 @@ PRESET_MODELS: frozenset[str] = frozenset({
 })  # fmt: skip
 """Model names kept in ``model``: presets of perfcast's model catalog (a test checks each is one;
 written out because the data layer does not read the features catalogs)."""
+GPU_STAND_INS: dict[str, str] = {
+    "H100 SXM 96GB HBM2e (500W, Grand Teton)": "h100-sxm5-80gb",
+    "H100 SXM 95GB HBM2e (lower TDP)": "h100-sxm5-80gb",
+}
+"""The file's spelling of a board the hardware catalog lacks -> the catalog part its runs are read on.
+
+torchtitan measured on H100 SXM boards of Meta's Grand Teton servers with HBM2e memory and a
+power limit below the 700 W part's; no datasheet states their memory bandwidth or clocks, so
+``../shared/hardware`` has no row for them. Their runs are read on the figures of the H100 SXM
+part the catalog has (same GH100 SXM module, HBM3, 700 W) rather than dropped; the lower power
+limit and bandwidth are not modelled, so these runs may measure slower than the stand-in
+predicts. ``gpu`` is named in ``defaulted_fields``; ``device_name`` keeps the file's spelling."""
+
 SHAPE_FIELDS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Shape columns a row must give for a non-preset ``model`` name to move to ``model_name``."""
 
@@ -207,8 +226,36 @@ def _preset_fills(out: pd.DataFrame, model: pd.Series) -> pd.Series:
         use = out[field].isna() & value.notna()
         if use.any():
             out.loc[use, field] = value[use].astype(float)
-            filled[use] = np.where(filled[use] == "", field, filled[use] + ";" + field)
+            _name_default(filled, use.to_numpy(dtype=bool), field)
     return filled
+
+
+def _name_default(defaulted: pd.Series, rows: np.ndarray, field: str) -> None:
+    """Append ``field`` to the ``;``-separated ``defaulted`` names of ``rows``, in place."""
+    defaulted[rows] = np.where(defaulted[rows] == "", field, defaulted[rows] + ";" + field)
+
+
+def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.ndarray:
+    """Fill ``micro_batch`` of torchtitan rows with pipeline stages (module docstring); True where filled.
+
+    torchtitan's ``pipeline_parallel_microbatches`` defaults to the number of pipeline stages;
+    with one stage per rank (``vpp`` 1) that is ``pp``. Rows whose local batch does not split
+    evenly, or with interleaved stages, stay empty.
+    """
+    num = {c: out[c].to_numpy(dtype=float, na_value=np.nan) for c in ("global_batch", "dp", "pp", "vpp", "micro_batch")}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        local = num["global_batch"] / (num["dp"] * num["pp"])
+        fill = (
+            framework.eq("torchtitan").fillna(False).to_numpy(dtype=bool)
+            & np.isnan(num["micro_batch"])
+            & (num["pp"] > 1)
+            & (num["vpp"] == 1)
+            & np.isfinite(local)
+            & (local == np.round(local))
+            & (local >= 1)
+        )
+    out.loc[fill, "micro_batch"] = local[fill]
+    return fill
 
 
 def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -> pd.DataFrame:
@@ -218,13 +265,15 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     for col in ("recompute", "finetune", "dtype", "gpu", "model", "notes"):
         out[col] = text[col].astype(object).where(text[col].notna(), None)
     defaulted = _preset_fills(out, text["model"])
+    frameworks = tables.map(lambda t: t[1])
+    _name_default(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
     out["model_name"] = out["model"]
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
     unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
     out.loc[spelled & unknown, "model"] = None
     for col in _NUMBER_COLUMNS:
         out[col] = out[col].round().astype("Int64")
-    out["framework"] = tables.map(lambda t: t[1]).astype(object)
+    out["framework"] = frameworks.astype(object)
     out["timing_scope"] = TimingScope.STEP.value
     out[RUN_MEASURED_COLUMN], out["step_ms_basis"] = _step_times(num, text["notes"])
     for col in _FLOAT_COLUMNS[1:]:
@@ -235,6 +284,9 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     out["source_path"] = text["source_path"].astype(object)
     out["source_row"] = raw["source_row"].astype("int64")
     out["device_name"] = out["gpu"]
+    stand_in = out["gpu"].map(GPU_STAND_INS)
+    out["gpu"] = stand_in.where(stand_in.notna(), out["gpu"])
+    _name_default(defaulted, stand_in.notna().to_numpy(), "gpu")
     out["defaulted_fields"] = defaulted
     unknown = sorted(set(text["source"][out["framework"].isna()].astype(str)))
     if unknown:
