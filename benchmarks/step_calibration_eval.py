@@ -25,6 +25,13 @@ for clusters with at least 8 runs. Reported per source (clusters: mean over its 
 and k: mean over seeds of MAPE and of coverage; where the screening refuses every shot
 (measured/predicted beyond the calibration's bound) the prediction stays uncalibrated.
 
+The floor of any calibration that rescales the composed step's parts: per source and per
+(source, GPU) cluster of at least 8 runs, a non-negative factor per breakdown part
+(``compute``, ``attention``, ``bubble``, ``optimizer``, ``dp_sync`` and each ``comm_*``)
+fitted on *all* its runs at once (least squares of the relative error, in sample), beside
+the best single factor (the median measured/composed ratio). No few-shot correction of those
+parts can beat this floor on the same runs.
+
 Writes ``benchmarks/results/step_calibration_eval.json`` and ``.md``.
 
 Usage: .venv/bin/python benchmarks/step_calibration_eval.py [--data DIR] [--seeds 20]
@@ -128,11 +135,13 @@ def main() -> None:
     frame = pd.DataFrame(rows)
     summary = frame.groupby(["split", "predictor", "k"])[["mape", "coverage"]].median().reset_index()
     loso = loso_rows(table, args.seeds)
+    floor = factor_floor(table)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "step_calibration_eval.json").write_text(
-        json.dumps({"per_cluster": rows, "summary": summary.to_dict("records"), "loso": loso}, indent=1) + "\n"
+        json.dumps({"per_cluster": rows, "summary": summary.to_dict("records"), "loso": loso,
+                    "floor": floor.to_dict("records")}, indent=1) + "\n"
     )
-    text = to_markdown(summary, frame) + loso_markdown(pd.DataFrame(loso))
+    text = to_markdown(summary, frame) + loso_markdown(pd.DataFrame(loso)) + floor_markdown(floor)
     (OUT / "step_calibration_eval.md").write_text(text)
     print(text)
 
@@ -204,6 +213,55 @@ def loso_markdown(frame: pd.DataFrame) -> str:
         for (predictor, correction), row in means.iterrows():
             lines.append(f"| mean over sources | | | {predictor} | {correction} | "
                          + " | ".join(f"{v:.1f}" for v in row) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+BREAKDOWN_PARTS = ("compute", "attention", "bubble", "optimizer", "dp_sync", "comm_tp", "comm_pp", "comm_cp",
+                   "comm_dp", "comm_ep")  # fmt: skip
+"""The composed breakdown columns (``<part>_ms``) the floor fits a factor for."""
+
+
+def factor_floor(table: StepTable) -> pd.DataFrame:
+    """Per source and (source, GPU) cluster of >= MIN_CLUSTER_RUNS runs: in-sample MAPE of the best
+    single factor and of non-negative per-part factors fitted on all the group's runs (module docstring)."""
+    from scipy.optimize import nnls
+
+    runs = table.runs
+    parts = np.column_stack([runs[f"{p}_ms"].fillna(0.0).to_numpy(dtype=float) for p in BREAKDOWN_PARTS])
+    true = runs["measured_step_ms"].to_numpy(dtype=float)
+    composed = runs["step_ms"].to_numpy(dtype=float)
+    groups = {("source", s): (runs["source"] == s).to_numpy() for s in runs["source"].value_counts().index}
+    for (source, gpu), members in runs.groupby(["source", runs["gpu"].astype(str)]).groups.items():
+        if len(members) >= MIN_CLUSTER_RUNS:
+            groups[("cluster", f"{source} / {gpu}")] = runs.index.isin(members)
+    rows = []
+    for (pooling, name), mask in groups.items():
+        ratio = np.median(true[mask] / composed[mask])
+        factors, _ = nnls(parts[mask] / true[mask, None], np.ones(int(mask.sum())))
+        rows.append({"pooling": pooling, "group": name, "n_runs": int(mask.sum()),
+                     "composed": mape(composed[mask], true[mask]),
+                     "one_factor": mape(ratio * composed[mask], true[mask]),
+                     "part_factors": mape(parts[mask] @ factors, true[mask]),
+                     **{f"factor_{p}": float(f) for p, f in zip(BREAKDOWN_PARTS, factors, strict=True)}})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def floor_markdown(floor: pd.DataFrame) -> str:
+    """The factor floor as a Markdown table (MAPE %, in sample)."""
+    lines = [
+        "",
+        "## Floor of part-rescaling calibration (factors fitted on all of a group's runs, in sample)",
+        "",
+        "MAPE % of the composed step, of the best single factor (median ratio) and of a non-negative factor "
+        "per breakdown part fitted on every run of the group at once: no few-shot calibration that rescales "
+        "the composed parts does better on these runs.",
+        "",
+        "| pooling | group | runs | composed | one factor | per-part factors |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for r in floor.itertuples():
+        lines.append(f"| {r.pooling} | {r.group} | {r.n_runs} | {r.composed:.1f} | {r.one_factor:.1f} | "
+                     f"{r.part_factors:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
