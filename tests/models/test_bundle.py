@@ -15,7 +15,7 @@ from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.bundle import (
     FILE_HASHES,
     MANIFEST_FILE,
-    OpPredictorBundle,
+    PredictorBundle,
     catalog_hash,
     load_bundle,
     save_bundle,
@@ -138,20 +138,20 @@ def test_predict_ops_dispatches_by_class(model, data):
     coll = pd.DataFrame({"op": ["allreduce", "allgather"], "bytes": [1 << 20, 1 << 22], "n_ranks": [8, 8],
                          "ranks_per_node": [8, 8], "dtype": "bf16", "gpu": "a100-pcie-40gb"})  # fmt: skip
     mixed = pd.concat([ops.iloc[:5], coll, ops.iloc[5:8]], ignore_index=True)
-    bundle = OpPredictorBundle(path=None, manifest={}, op_model=model, collective_model=_FakeCollective())
+    bundle = PredictorBundle(path=None, manifest={}, op_model=model, collective_model=_FakeCollective())
     pred, lo, hi = bundle.predict_ops(mixed)
     is_coll = mixed["op"].isin(["allreduce", "allgather"]).to_numpy()
     np.testing.assert_array_equal(pred[is_coll], [1.0, 1.0])
     np.testing.assert_array_equal(pred[~is_coll], model.predict(mixed[~is_coll]))
     assert (lo <= pred).all() and (pred <= hi).all()
 
-    no_coll = OpPredictorBundle(path=None, manifest={}, op_model=model)
+    no_coll = PredictorBundle(path=None, manifest={}, op_model=model)
     pred, lo, hi = no_coll.predict_ops(mixed)  # collectives fall back to the catalog alpha-beta, no interval
     analytic, _, _ = AnalyticOpPredictor().predict_ops(coll)
     np.testing.assert_allclose(pred[is_coll], analytic)
     assert np.isnan(lo[is_coll]).all() and np.isnan(hi[is_coll]).all()
 
-    no_ops = OpPredictorBundle(path=None, manifest={}, collective_model=_FakeCollective())
+    no_ops = PredictorBundle(path=None, manifest={}, collective_model=_FakeCollective())
     pred, lo, _ = no_ops.predict_ops(mixed)  # compute rows fall back to the roofline
     np.testing.assert_allclose(pred[~is_coll], AnalyticOpPredictor().predict_ops(mixed[~is_coll])[0])
     assert np.isnan(lo[~is_coll]).all()
@@ -170,7 +170,7 @@ def test_round_trip_with_collective_model(tmp_path, model, data):
     path = save_bundle(tmp_path / "b", op_model=model, collective_model=cmodel)
     assert "collective.ubj" in {p.name for p in path.iterdir()}
     mixed = pd.concat([data[0].iloc[:6], coll.iloc[::5]], ignore_index=True)
-    before = OpPredictorBundle(path=path, manifest={}, op_model=model, collective_model=cmodel).predict_ops(mixed)
+    before = PredictorBundle(path=path, manifest={}, op_model=model, collective_model=cmodel).predict_ops(mixed)
     after = load_bundle(path).predict_ops(mixed)
     for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -184,7 +184,7 @@ def test_predict_ops_flagged_matches_predict_ops_and_out_of_domain(model, data):
                               "head_dim": [64], "dtype": "bf16", "gpu": "a100-pcie-40gb"})  # fmt: skip
     outside = ops.iloc[:6].assign(gpu="h100-sxm5-80gb")
     mixed = pd.concat([ops.iloc[:5], coll, outside, attention, ops.iloc[-5:]], ignore_index=True)
-    bundle = OpPredictorBundle(path=None, manifest={}, op_model=model, collective_model=_FakeCollective())
+    bundle = PredictorBundle(path=None, manifest={}, op_model=model, collective_model=_FakeCollective())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OutOfDomainWarning)
         pred, lo, hi, ood = bundle.predict_ops_flagged(mixed, coverage=0.8)
@@ -194,7 +194,7 @@ def test_predict_ops_flagged_matches_predict_ops_and_out_of_domain(model, data):
         np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(ood, flags)
     assert ood.sum() == len(outside) and ood.dtype == bool
-    empty = OpPredictorBundle(path=None, manifest={}, op_model=model).predict_ops_flagged(mixed.iloc[:0])
+    empty = PredictorBundle(path=None, manifest={}, op_model=model).predict_ops_flagged(mixed.iloc[:0])
     assert [len(a) for a in empty] == [0, 0, 0, 0]
 
 

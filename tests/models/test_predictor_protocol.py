@@ -15,7 +15,7 @@ import perfcast.models
 from perfcast.errors import OutOfDomainWarning
 from perfcast.features.run_config import parse_run_row
 from perfcast.models.analytic import AnalyticOpPredictor
-from perfcast.models.bundle import OpPredictorBundle, load_bundle
+from perfcast.models.bundle import PredictorBundle, load_bundle
 from perfcast.models.calibration import CalibratedPredictor, fit_correction, predictor_identity
 from perfcast.models.predictor_protocol import OpPrediction, OpPredictor, StepTimePredictor
 from perfcast.models.step_calibration import CalibratedStepPredictor, config_cluster_key, fit_step_correction
@@ -45,11 +45,11 @@ RUNS = [
 
 
 @pytest.fixture(scope="module")
-def bundle() -> OpPredictorBundle:
+def bundle() -> PredictorBundle:
     return load_bundle(Path(perfcast.models.__file__).parent / "default_bundle")
 
 
-def _op_predictors(bundle: OpPredictorBundle) -> dict[str, OpPredictor]:
+def _op_predictors(bundle: PredictorBundle) -> dict[str, OpPredictor]:
     rows = OPS.iloc[:6]
     measured = bundle.predict_ops(rows)[0] * 1.3
     corr = fit_correction(H100, rows, measured, bundle.predict_ops(rows)[0], predictor=predictor_identity(bundle))
@@ -61,7 +61,7 @@ def _op_predictors(bundle: OpPredictorBundle) -> dict[str, OpPredictor]:
     }
 
 
-def _step_predictors(bundle: OpPredictorBundle) -> dict[str, StepTimePredictor]:
+def _step_predictors(bundle: PredictorBundle) -> dict[str, StepTimePredictor]:
     learned = bundle.step_predictor()
     configs = [parse_run_row(row) for row in RUNS[:2]]
     corr = fit_step_correction(

@@ -16,7 +16,7 @@ from perfcast.errors import SpecError
 from perfcast.features.model import list_models
 from perfcast.features.run_config import parse_run_row
 from perfcast.models import analytic
-from perfcast.models.bundle import OpPredictorBundle
+from perfcast.models.bundle import PredictorBundle
 from perfcast.models.op_model import OpTimeRegressor
 from perfcast.serve.batch import predict_ops_table, predict_steps_table
 from perfcast.serve.cli import app
@@ -384,7 +384,7 @@ TIMED_ROWS = pd.DataFrame(
 
 
 @pytest.fixture(scope="module")
-def timed_predictor() -> OpPredictorBundle:
+def timed_predictor() -> PredictorBundle:
     """A bundle whose op model reads each row's timing method (fitted on CUDA-event times)."""
     rng = np.random.default_rng(0)
     dims = rng.integers(8, 2048, size=(300, 3))
@@ -393,7 +393,7 @@ def timed_predictor() -> OpPredictorBundle:
                         "gpu": gpus, "timing": "cuda_events"})  # fmt: skip
     t = 0.012 + 2 * dims.prod(axis=1) / 5e10
     model = OpTimeRegressor(n_estimators=10, calibrate=False, n_jobs=1, timing=True).fit(ops, t)
-    return OpPredictorBundle(path=None, manifest={}, op_model=model)
+    return PredictorBundle(path=None, manifest={}, op_model=model)
 
 
 def test_a_bad_timing_is_that_rows_error_and_the_other_rows_are_answered(timed_predictor):

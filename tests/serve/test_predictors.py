@@ -12,7 +12,7 @@ import pytest
 
 from perfcast.errors import BundleError, OutOfDomainWarning, SpecError
 from perfcast.models.analytic import AnalyticOpPredictor
-from perfcast.models.bundle import OpPredictorBundle
+from perfcast.models.bundle import PredictorBundle
 from perfcast.models.calibration import fit_correction, save_correction
 from perfcast.serve.batch import OUT_OF_DOMAIN_COLUMN, predict_ops_table
 from perfcast.serve.calibration_store import CALIBRATION_ENV
@@ -43,7 +43,7 @@ OPS = pd.DataFrame(
 @pytest.mark.skipif(not (default_bundle_path() / "manifest.json").is_file(), reason="no default bundle in this build")
 def test_default_bundle_answers_with_intervals_and_flags() -> None:
     predictor = load_op_predictor(None)
-    assert isinstance(predictor, OpPredictorBundle)
+    assert isinstance(predictor, PredictorBundle)
     out = predict_ops_table(OPS, predictor=predictor)
     good = out.iloc[:3]
     assert (good["pred_ms"] > 0).all()

@@ -9,7 +9,7 @@ Layout::
     step_*             the step model (GBDT booster or GNN state dicts), when one is saved
 
 A bundle with an op model predicts ops; with a step model too it predicts steps
-(:meth:`OpPredictorBundle.step_predictor`): the step model corrects the steps composed
+(:meth:`PredictorBundle.step_predictor`): the step model corrects the steps composed
 from the same bundle's op (and collective) models, the ones it was trained against.
 
 A model takes part through one of two hooks:
@@ -59,7 +59,7 @@ from perfcast.features.ops import OpClass, op_classes, op_kinds
 from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.predictor_protocol import OpPrediction
 
-__all__ = ["MANIFEST_FILE", "OpPredictorBundle", "catalog_hash", "load_bundle", "save_bundle"]
+__all__ = ["MANIFEST_FILE", "PredictorBundle", "catalog_hash", "load_bundle", "save_bundle"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def _json_default(value: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class OpPredictorBundle:
+class PredictorBundle:
     """A loaded bundle: the op, collective and step models (any may be None) and the manifest.
 
     An :class:`~perfcast.models.predictor_protocol.OpPredictor`: intervals on the rows of a
@@ -333,7 +333,7 @@ def _replace_dir(src: Path, dst: Path) -> None:
 # ----------------------------------------------------------------------------- load
 
 
-def load_bundle(path: str | Path) -> OpPredictorBundle:
+def load_bundle(path: str | Path) -> PredictorBundle:
     """Load a bundle written by :func:`save_bundle`, its files verified before any is parsed.
 
     Raises:
@@ -382,7 +382,7 @@ def load_bundle(path: str | Path) -> OpPredictorBundle:
         loaded[slot] = _load_model(path, slot, entry)
     if "op" not in loaded and "collective" not in loaded:
         raise BundleError(f"{manifest_path}: models has no op or collective model (found: {', '.join(loaded)})")
-    bundle = OpPredictorBundle(
+    bundle = PredictorBundle(
         path=path,
         manifest=manifest,
         op_model=loaded.get("op"),
@@ -406,7 +406,7 @@ _PROBE_RUN = {"model": "gpt3-125m", "gpu": _PROBE_GPU, "dp": 2, "micro_batch": 2
 _PROBE_ERRORS = (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError, ZeroDivisionError)
 
 
-def _probe(bundle: OpPredictorBundle) -> None:
+def _probe(bundle: PredictorBundle) -> None:
     """Predict one op of each class (and one step when there is a step model) with the loaded models.
 
     A manifest whose fields are individually well-formed can still disagree with itself

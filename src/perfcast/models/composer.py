@@ -10,7 +10,7 @@ Which predictor times which node:
 * compute nodes (GEMMs, vector ops, attention, embedding, optimizer) go to the op
   predictor, an :class:`~perfcast.models.predictor_protocol.OpPredictor` (times, bounds
   and out-of-domain flags in one ``predict_ops_flagged`` call; the
-  shipped :class:`~perfcast.models.bundle.OpPredictorBundle` or
+  shipped :class:`~perfcast.models.bundle.PredictorBundle` or
   :class:`~perfcast.models.analytic.AnalyticOpPredictor`). A bundle times the classes it
   has not learned (attention, embedding, optimizer today) with the analytic roofline and
   gives them no interval;

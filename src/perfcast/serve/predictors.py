@@ -87,17 +87,17 @@ def load_step_predictor(ref: str | None = None) -> StepTimePredictor:
     Raises:
         BundleError: as :func:`load_op_predictor`.
     """
-    from perfcast.models.bundle import OpPredictorBundle
+    from perfcast.models.bundle import PredictorBundle
     from perfcast.models.step_predictor import StepPredictor
 
     if ref == ANALYTIC:
         return StepPredictor.analytic()
     if ref == COMPOSED:
         ops = load_op_predictor(None)
-        collective = ops.collective_model if isinstance(ops, OpPredictorBundle) else None
+        collective = ops.collective_model if isinstance(ops, PredictorBundle) else None
         return StepPredictor(ops, collective, name=f"composed:{ops.name}")
     predictor = load_op_predictor(ref)
-    if not isinstance(predictor, OpPredictorBundle):  # no default bundle shipped
+    if not isinstance(predictor, PredictorBundle):  # no default bundle shipped
         return StepPredictor.analytic()
     return predictor.step_predictor()
 

@@ -123,7 +123,7 @@ def train_steps_command(
 
     from perfcast.data.tables import read_table
     from perfcast.errors import SpecError
-    from perfcast.models.bundle import OpPredictorBundle
+    from perfcast.models.bundle import PredictorBundle
     from perfcast.serve.predictors import load_op_predictor
     from perfcast.training.train_steps import load_runs, train_step_predictor
 
@@ -139,7 +139,7 @@ def train_steps_command(
             raise SpecError("the run tables have no measured_step_ms column: training needs measured steps, ms")
         table = table[pd.to_numeric(table["measured_step_ms"], errors="coerce") > 0].reset_index(drop=True)
         bundle = load_op_predictor(op_model)
-        if not isinstance(bundle, OpPredictorBundle):
+        if not isinstance(bundle, PredictorBundle):
             raise SpecError(f"--op-model {op_model!r} is not a learned op bundle; steps are composed from one")
         _err.print(f"{len(table)} measured runs: {table['source'].value_counts().to_dict()}")
 
