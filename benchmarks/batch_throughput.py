@@ -54,11 +54,11 @@ def _layout_rows(sweep: list[tuple[str, str, int, int]]) -> pd.DataFrame:
     """Every valid layout of each (model, gpu, num_gpus, global_batch), one row each, in sweep order."""
     from perfcast.features.hardware import ClusterSpec
     from perfcast.features.layouts import enumerate_layouts
-    from perfcast.features.model import ModelSpec
+    from perfcast.features.model import TransformerSpec
 
     rows = []
     for model, gpu, num_gpus, batch in sweep:
-        spec, cluster = ModelSpec.load(model), ClusterSpec.build(gpu, num_gpus)
+        spec, cluster = TransformerSpec.load(model), ClusterSpec.build(gpu, num_gpus)
         for p in enumerate_layouts(spec, cluster, batch):
             rows.append({"model": model, "gpu": gpu, "num_gpus": num_gpus, "tp": p.tp, "pp": p.pp, "dp": p.dp,
                          "cp": p.cp, "ep": p.ep, "micro_batch": p.micro_batch, "global_batch": batch, "vpp": p.vpp,

@@ -7,12 +7,12 @@ import pytest
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.memory import peak_memory
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig, check_layout
 from perfcast.features.placement import EXPERT_TP, Group, group_placement
 from perfcast.features.workload import build_workload_graph
 
-MOE = ModelSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, num_experts=64, top_k=2,
+MOE = TransformerSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, num_experts=64, top_k=2,
                 gated_mlp=True, moe_ffn_hidden_size=256, seq_len=1024)  # fmt: skip
 H100 = "h100-sxm5-80gb"
 

@@ -8,15 +8,15 @@ import pytest
 
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.workload import build_workload_graph, layers_per_rank
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "hf_configs"
 
 
-def load(name: str) -> ModelSpec:
-    return ModelSpec.from_hf_config(FIXTURES / f"{name}.json")
+def load(name: str) -> TransformerSpec:
+    return TransformerSpec.from_hf_config(FIXTURES / f"{name}.json")
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_llama4_interleaved_moe_and_qwen2_shared_expert() -> None:
     assert (spec.num_moe_layers, spec.num_dense_layers, spec.ffn_size, spec.expert_ffn_size) == (24, 24, 16384, 8192)
     assert spec.num_shared_experts == 1 and spec.shared_expert_ffn_size == 8192
     qwen2 = {**load_raw("qwen3_moe"), "model_type": "qwen2_moe", "shared_expert_intermediate_size": 5632}
-    assert ModelSpec.from_hf_config(qwen2).shared_expert_ffn_size == 5632
+    assert TransformerSpec.from_hf_config(qwen2).shared_expert_ffn_size == 5632
 
 
 def load_raw(name: str) -> dict:
@@ -102,16 +102,16 @@ def test_workload_builds_mla_shared_experts_dense_first_and_mtp() -> None:
 )
 def test_refused_families_name_the_missing_part(config, message) -> None:
     with pytest.raises(SpecError, match=message):
-        ModelSpec.from_hf_config(config)
+        TransformerSpec.from_hf_config(config)
 
 
 def test_refinement_fields_are_checked() -> None:
     base = {"num_layers": 4, "hidden_size": 64, "num_heads": 4, "vocab_size": 100}
     with pytest.raises(SpecError, match="first_dense_layers=1 needs a mixture-of-experts model"):
-        ModelSpec.from_dict({**base, "first_dense_layers": 1})
+        TransformerSpec.from_dict({**base, "first_dense_layers": 1})
     with pytest.raises(SpecError, match="sliding_window=128 and sliding_window_layers=0"):
-        ModelSpec.from_dict({**base, "sliding_window": 128})
+        TransformerSpec.from_dict({**base, "sliding_window": 128})
     with pytest.raises(SpecError, match="sliding_window_layers=5 exceeds num_layers=4"):
-        ModelSpec.from_dict({**base, "sliding_window": 8, "sliding_window_layers": 5})
+        TransformerSpec.from_dict({**base, "sliding_window": 8, "sliding_window_layers": 5})
     with pytest.raises(SpecError, match="shared_expert_ffn_hidden_size=8 needs num_shared_experts"):
-        ModelSpec.from_dict({**base, "num_experts": 4, "shared_expert_ffn_hidden_size": 8})
+        TransformerSpec.from_dict({**base, "num_experts": 4, "shared_expert_ffn_hidden_size": 8})

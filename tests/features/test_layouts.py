@@ -7,16 +7,16 @@ import pytest
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Recompute, check_layout
 
 
 @pytest.fixture(scope="module")
-def llama() -> ModelSpec:
-    return ModelSpec.load("llama2-7b")
+def llama() -> TransformerSpec:
+    return TransformerSpec.load("llama2-7b")
 
 
-def test_every_layout_is_valid_and_unique(llama: ModelSpec) -> None:
+def test_every_layout_is_valid_and_unique(llama: TransformerSpec) -> None:
     cluster = ClusterSpec.build("a100-sxm4-80gb", 16, 8)
     layouts = list(enumerate_layouts(llama, cluster, 64))
     assert layouts
@@ -27,7 +27,7 @@ def test_every_layout_is_valid_and_unique(llama: ModelSpec) -> None:
     assert len(set(layouts)) == len(layouts)
 
 
-def test_space_covers_the_degrees_practitioners_try(llama: ModelSpec) -> None:
+def test_space_covers_the_degrees_practitioners_try(llama: TransformerSpec) -> None:
     cluster = ClusterSpec.build("a100-sxm4-80gb", 16, 8)
     layouts = list(enumerate_layouts(llama, cluster, 64))
     assert {p.tp for p in layouts} == {1, 2, 4, 8}  # 16-way tp would cross nodes
@@ -37,7 +37,7 @@ def test_space_covers_the_degrees_practitioners_try(llama: ModelSpec) -> None:
     assert all(p.zero_stage == 0 for p in layouts if p.dp == 1)
 
 
-def test_micro_batch_must_fit_the_global_batch(llama: ModelSpec) -> None:
+def test_micro_batch_must_fit_the_global_batch(llama: TransformerSpec) -> None:
     cluster = ClusterSpec.build("a100-sxm4-80gb", 8, 8)
     layouts = list(enumerate_layouts(llama, cluster, 8, space=LayoutSpace(micro_batches=(1, 2, 4, 8))))
     assert all(8 % (p.dp * p.micro_batch) == 0 for p in layouts)
@@ -45,14 +45,14 @@ def test_micro_batch_must_fit_the_global_batch(llama: ModelSpec) -> None:
 
 
 def test_moe_models_get_expert_parallel_layouts() -> None:
-    model = ModelSpec.load("mixtral-8x7b")
+    model = TransformerSpec.load("mixtral-8x7b")
     cluster = ClusterSpec.build("h100-sxm5-80gb", 16, 8)
     space = LayoutSpace(micro_batches=(1,), recompute=(Recompute.FULL,), vpp=(1,), cp=(1,))
     eps = {p.ep for p in enumerate_layouts(model, cluster, 32, space=space)}
     assert eps == {1, 2, 4, 8}
 
 
-def test_narrow_space_and_bad_input(llama: ModelSpec) -> None:
+def test_narrow_space_and_bad_input(llama: TransformerSpec) -> None:
     cluster = ClusterSpec.build("a100-sxm4-80gb", 8, 8)
     space = LayoutSpace(micro_batches=(1,), cp=(1,), vpp=(1,), recompute=(Recompute.NONE,), zero_stages=(0,),
                         max_tp=1, max_pp=1)  # fmt: skip

@@ -12,11 +12,11 @@ from perfcast.features.memory import (
     activation_bytes_per_layer,
     peak_memory,
 )
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig, padded_vocab_size
 
 # GPT as in the paper: multi-head attention, ffn = 4h, plain (not gated) MLP
-GPT = ModelSpec(num_layers=8, hidden_size=1024, num_heads=16, vocab_size=1000, seq_len=2048)
+GPT = TransformerSpec(num_layers=8, hidden_size=1024, num_heads=16, vocab_size=1000, seq_len=2048)
 S, B, H, A = GPT.seq_len, 2, GPT.hidden_size, GPT.num_heads
 SBH = S * B * H
 
@@ -67,12 +67,12 @@ def test_context_parallel_splits_the_sequence():
 # ------------------------------------------------------------------ peak memory
 
 
-def _peak(model: ModelSpec, n: int, gpu: str = "h100-sxm5-80gb", **fields) -> MemoryBreakdown:
+def _peak(model: TransformerSpec, n: int, gpu: str = "h100-sxm5-80gb", **fields) -> MemoryBreakdown:
     return peak_memory(model, ParallelConfig(**fields), ClusterSpec.build(gpu, n))
 
 
 def test_zero_stages_shard_optimizer_then_gradients_then_weights():
-    llama = ModelSpec.from_name("llama2-7b")
+    llama = TransformerSpec.from_name("llama2-7b")
     z = [_peak(llama, 8, dp=8, global_batch=8, zero_stage=s) for s in range(4)]
     assert z[1].optimizer_gib == pytest.approx(z[0].optimizer_gib / 8, rel=1e-12)
     assert z[1].grads_gib == z[0].grads_gib and z[1].weights_gib == z[0].weights_gib
@@ -94,7 +94,7 @@ def test_model_state_bytes_per_parameter():
 
 
 def test_lora_keeps_states_only_for_the_adapters():
-    llama = ModelSpec.from_name("llama2-7b")
+    llama = TransformerSpec.from_name("llama2-7b")
     full = _peak(llama, 1, global_batch=1)
     lora = _peak(llama, 1, global_batch=1, finetune="lora", lora_rank=16)
     assert lora.weights_gib == pytest.approx(full.weights_gib, rel=0.01)
@@ -124,13 +124,13 @@ def test_total_and_fits():
 
 
 def test_fits_memory_flips_when_the_model_is_too_large():
-    big = _peak(ModelSpec.from_name("llama2-70b"), 1, global_batch=1)
+    big = _peak(TransformerSpec.from_name("llama2-70b"), 1, global_batch=1)
     assert big.weights_gib > 80 and not big.fits(80)
-    small = _peak(ModelSpec.from_name("gpt3-125m"), 1, global_batch=1)
+    small = _peak(TransformerSpec.from_name("gpt3-125m"), 1, global_batch=1)
     assert small.fits(80)
     # sharding the 70B over 64 GPUs with ZeRO-3 and tp=8 brings it back
     sharded = _peak(
-        ModelSpec.from_name("llama2-70b"),
+        TransformerSpec.from_name("llama2-70b"),
         64,
         tp=8,
         dp=8,

@@ -14,9 +14,9 @@ from pydantic import ValidationError
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.model import (
     Activation,
-    ModelSpec,
     NormType,
     PositionEmbedding,
+    TransformerSpec,
     list_models,
 )
 
@@ -38,7 +38,7 @@ def test_list_models_has_required_presets() -> None:
 
 @pytest.mark.parametrize("model_id", list_models())
 def test_every_preset_loads_and_validates(model_id: str) -> None:
-    spec = ModelSpec.from_name(model_id)
+    spec = TransformerSpec.from_name(model_id)
     assert spec.name == model_id
     assert spec.num_params > 0
     assert 0 < spec.num_active_params <= spec.num_params
@@ -58,14 +58,14 @@ def test_preset_files_carry_metadata() -> None:
 
 
 def test_from_name_is_cached_and_tolerant() -> None:
-    assert ModelSpec.from_name("llama2-7b") is ModelSpec.from_name("LLAMA2_7B")
-    assert ModelSpec.from_name(" Llama-2-7B ").name == "llama2-7b"
-    assert ModelSpec.from_name("gpt3_1.3b").name == "gpt3-1.3b"
+    assert TransformerSpec.from_name("llama2-7b") is TransformerSpec.from_name("LLAMA2_7B")
+    assert TransformerSpec.from_name(" Llama-2-7B ").name == "llama2-7b"
+    assert TransformerSpec.from_name("gpt3_1.3b").name == "gpt3-1.3b"
 
 
 def test_from_name_unknown_suggests_close_matches() -> None:
     with pytest.raises(UnknownEntryError) as info:
-        ModelSpec.from_name("lama2-7b")
+        TransformerSpec.from_name("lama2-7b")
     msg = str(info.value)
     assert "'lama2-7b'" in msg
     assert "llama2-7b" in msg
@@ -97,7 +97,7 @@ PUBLISHED_TOTALS = [
 
 @pytest.mark.parametrize(("model_id", "published", "rel"), PUBLISHED_TOTALS)
 def test_num_params_matches_published(model_id: str, published: float, rel: float) -> None:
-    spec = ModelSpec.from_name(model_id)
+    spec = TransformerSpec.from_name(model_id)
     if rel == 0.0:
         assert spec.num_params == published
     else:
@@ -105,7 +105,7 @@ def test_num_params_matches_published(model_id: str, published: float, rel: floa
 
 
 def test_qwen_undercount_is_only_qkv_biases() -> None:
-    spec = ModelSpec.from_name("qwen2.5-7b")
+    spec = TransformerSpec.from_name("qwen2.5-7b")
     qkv_biases = spec.num_layers * (spec.num_heads + 2 * spec.kv_heads) * spec.head_size
     assert spec.num_params + qkv_biases == 7_615_616_512
 
@@ -115,14 +115,14 @@ def test_qwen_undercount_is_only_qkv_biases() -> None:
     [("mixtral-8x7b", 12.9e9, 0.005), ("mixtral-8x22b", 39.1e9, 0.005)],
 )
 def test_moe_active_params(model_id: str, active: float, rel: float) -> None:
-    spec = ModelSpec.from_name(model_id)
+    spec = TransformerSpec.from_name(model_id)
     assert spec.is_moe and spec.num_moe_layers == spec.num_layers
     assert spec.num_active_params == pytest.approx(active, rel=rel)
 
 
 def test_gpt2_small_counts_exactly() -> None:
     # openai-community/gpt2 has 124,439,808 parameters (tied LM head).
-    spec = ModelSpec(
+    spec = TransformerSpec(
         num_layers=12, hidden_size=768, num_heads=12, vocab_size=50257,
         seq_len=1024, max_position_embeddings=1024, tied_embeddings=True,
     )  # fmt: skip
@@ -132,7 +132,7 @@ def test_gpt2_small_counts_exactly() -> None:
 
 
 def test_components_add_up() -> None:
-    spec = ModelSpec.from_name("llama2-70b")
+    spec = TransformerSpec.from_name("llama2-70b")
     h, f = spec.hidden_size, spec.ffn_size
     assert spec.attention_params_per_layer == 2 * h * h + 2 * h * 8 * 128
     assert spec.mlp_params_per_layer == 3 * h * f
@@ -153,19 +153,19 @@ def test_components_add_up() -> None:
 def test_bias_and_layernorm_counts() -> None:
     base = dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, ffn_hidden_size=256,
                 vocab_size=100, position_embedding="rope")  # fmt: skip
-    with_bias = ModelSpec(**base, bias=True, norm="layernorm")
-    no_bias = ModelSpec(**base, bias=False, norm="rmsnorm")
+    with_bias = TransformerSpec(**base, bias=True, norm="layernorm")
+    no_bias = TransformerSpec(**base, bias=False, norm="rmsnorm")
     hd, h, f = 16, 64, 256
     assert with_bias.attention_params_per_layer - no_bias.attention_params_per_layer == (4 * hd + 2 * 2 * hd + h)
     assert with_bias.mlp_params_per_layer - no_bias.mlp_params_per_layer == f + h
     assert with_bias.norm_params_per_layer == 4 * h and no_bias.norm_params_per_layer == 2 * h
     assert with_bias.embedding_params == 100 * h  # rope has no parameters
-    gated = ModelSpec(**base, bias=True, gated_mlp=True)
+    gated = TransformerSpec(**base, bias=True, gated_mlp=True)
     assert gated.mlp_params_per_layer == 3 * h * f + 2 * f + h
 
 
 def test_moe_layer_freq_and_router() -> None:
-    spec = ModelSpec(
+    spec = TransformerSpec(
         num_layers=8, hidden_size=64, num_heads=4, vocab_size=100, num_experts=4, top_k=2,
         moe_ffn_hidden_size=128, moe_layer_freq=2, bias=False, gated_mlp=True,
         ffn_hidden_size=256,
@@ -182,12 +182,12 @@ def test_moe_layer_freq_and_router() -> None:
 
 
 def test_resolved_defaults() -> None:
-    spec = ModelSpec(num_layers=2, hidden_size=4096, num_heads=32, vocab_size=1000)
+    spec = TransformerSpec(num_layers=2, hidden_size=4096, num_heads=32, vocab_size=1000)
     assert spec.kv_heads == 32 and spec.head_size == 128 and spec.ffn_size == 4 * 4096
     assert spec.expert_ffn_size == spec.ffn_size and not spec.is_moe and spec.num_moe_layers == 0
     gated = spec.model_copy(update={"gated_mlp": True})
     assert gated.ffn_size == 10880  # Megatron-LM SwiGLU default
-    assert ModelSpec(num_layers=2, hidden_size=3072, num_heads=16, head_dim=256,
+    assert TransformerSpec(num_layers=2, hidden_size=3072, num_heads=16, head_dim=256,
                      vocab_size=10).head_size == 256  # fmt: skip
 
 
@@ -202,7 +202,7 @@ def _narayanan_per_token(L: int, h: int, s: int, V: int) -> float:
 
 @pytest.mark.parametrize("model_id", ["gpt3-175b", "gpt3-1.3b", "gpt3-6.7b"])
 def test_flops_match_narayanan_closed_form(model_id: str) -> None:
-    spec = ModelSpec.from_name(model_id)
+    spec = TransformerSpec.from_name(model_id)
     L, h, s, V = spec.num_layers, spec.hidden_size, spec.seq_len, spec.vocab_size
     closed = _narayanan_per_token(L, h, s, V)
     assert spec.flops_per_token() == pytest.approx(closed, rel=0.005)
@@ -211,7 +211,7 @@ def test_flops_match_narayanan_closed_form(model_id: str) -> None:
 
 
 def test_flops_forward_only_is_a_third_and_seq_len_override() -> None:
-    spec = ModelSpec.from_name("llama3-8b")
+    spec = TransformerSpec.from_name("llama3-8b")
     assert spec.flops_per_token(training=False) == pytest.approx(spec.flops_per_token() / 3)
     attn_delta = 12 * spec.num_layers * 1024 * spec.num_heads * spec.head_size
     assert spec.flops_per_token(9216) - spec.flops_per_token() == pytest.approx(attn_delta)
@@ -223,7 +223,7 @@ def test_flops_forward_only_is_a_third_and_seq_len_override() -> None:
 
 
 def test_moe_flops_count_only_active_experts() -> None:
-    spec = ModelSpec.from_name("mixtral-8x7b")
+    spec = TransformerSpec.from_name("mixtral-8x7b")
     dense_twin = spec.model_copy(update={"num_experts": 1, "top_k": 1})
     h, f = spec.hidden_size, spec.ffn_size
     extra = spec.num_layers * (3 * h * f + h * spec.num_experts)  # 2nd expert + router
@@ -251,66 +251,66 @@ BASE = dict(num_layers=4, hidden_size=4096, num_heads=32, vocab_size=32000)
 )
 def test_validation_errors_name_field_and_value(update: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
-        ModelSpec(**{**BASE, **update})
+        TransformerSpec(**{**BASE, **update})
     with pytest.raises(SpecError, match=message):
-        ModelSpec.from_dict({**BASE, **update})
+        TransformerSpec.from_dict({**BASE, **update})
 
 
 def test_field_constraints_and_frozen() -> None:
     with pytest.raises(SpecError, match="num_layers=0"):
-        ModelSpec.from_dict({**BASE, "num_layers": 0})
+        TransformerSpec.from_dict({**BASE, "num_layers": 0})
     with pytest.raises(SpecError, match="num_layer: unknown field"):
-        ModelSpec.from_dict({**BASE, "num_layer": 4})
+        TransformerSpec.from_dict({**BASE, "num_layer": 4})
     with pytest.raises(SpecError, match="activation='swiglu'"):
-        ModelSpec.from_dict({**BASE, "activation": "swiglu"})
+        TransformerSpec.from_dict({**BASE, "activation": "swiglu"})
     with pytest.raises(SpecError, match="schema_version=2"):
-        ModelSpec.from_dict({**BASE, "schema_version": 2})
-    spec = ModelSpec(**BASE)
+        TransformerSpec.from_dict({**BASE, "schema_version": 2})
+    spec = TransformerSpec(**BASE)
     with pytest.raises(ValidationError):
         spec.num_layers = 8  # type: ignore[misc]
-    assert ModelSpec(**{**BASE, "hidden_size": 4000}, head_dim=100).head_size == 100
-    assert ModelSpec(**BASE, num_experts=1, top_k=1).num_active_params == spec.num_params
+    assert TransformerSpec(**{**BASE, "hidden_size": 4000}, head_dim=100).head_size == 100
+    assert TransformerSpec(**BASE, num_experts=1, top_k=1).num_active_params == spec.num_params
 
 
 # ---------------------------------------------------------------------- files
 
 
 def test_from_file_round_trip(tmp_path) -> None:
-    spec = ModelSpec.from_name("mixtral-8x7b")
+    spec = TransformerSpec.from_name("mixtral-8x7b")
     path = tmp_path / "spec.json"
     path.write_text(spec.model_dump_json(), encoding="utf-8")
-    assert ModelSpec.from_file(path) == spec
-    assert ModelSpec.load(str(path)) == spec
+    assert TransformerSpec.from_file(path) == spec
+    assert TransformerSpec.load(str(path)) == spec
 
     meta = {"schema_version": 1, "source": "mine", "id": "x", **BASE}
     path.write_text(json.dumps(meta), encoding="utf-8")
-    assert ModelSpec.from_file(path).num_layers == 4
+    assert TransformerSpec.from_file(path).num_layers == 4
 
     path.write_text(json.dumps({**BASE, "hiden_size": 1}), encoding="utf-8")
     with pytest.raises(SpecError, match="hiden_size"):
-        ModelSpec.from_file(path)
+        TransformerSpec.from_file(path)
     path.write_text("{not json", encoding="utf-8")
     with pytest.raises(SpecError, match="invalid JSON"):
-        ModelSpec.from_file(path)
+        TransformerSpec.from_file(path)
     with pytest.raises(SpecError, match="no such file"):
-        ModelSpec.from_file(tmp_path / "missing.json")
+        TransformerSpec.from_file(tmp_path / "missing.json")
 
 
 def test_load_dispatches(tmp_path) -> None:
-    assert ModelSpec.load("Llama2-7B") == ModelSpec.from_name("llama2-7b")
+    assert TransformerSpec.load("Llama2-7B") == TransformerSpec.from_name("llama2-7b")
     with pytest.raises(UnknownEntryError):
-        ModelSpec.load("not-a-model")
+        TransformerSpec.load("not-a-model")
     with pytest.raises(SpecError, match="no such file"):
-        ModelSpec.load(str(tmp_path / "nope" / "config.json"))
+        TransformerSpec.load(str(tmp_path / "nope" / "config.json"))
     d = tmp_path / "Llama-2-7b-hf"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(LLAMA2_7B_HF), encoding="utf-8")
-    via_dir = ModelSpec.load(str(d))
-    via_file = ModelSpec.load(str(d / "config.json"))
+    via_dir = TransformerSpec.load(str(d))
+    via_file = TransformerSpec.load(str(d / "config.json"))
     assert via_dir == via_file and via_dir.num_params == 6_738_415_616
     assert via_dir.name == "Llama-2-7b-hf"
     with pytest.raises(SpecError, match="Hugging Face"):
-        ModelSpec.from_file(d / "config.json")
+        TransformerSpec.from_file(d / "config.json")
 
 
 # ---------------------------------------------------------------------- Hugging Face configs
@@ -360,19 +360,19 @@ MIXTRAL_HF = {
 
 
 def test_from_hf_llama() -> None:
-    spec = ModelSpec.from_hf_config(LLAMA2_7B_HF)
+    spec = TransformerSpec.from_hf_config(LLAMA2_7B_HF)
     assert spec.num_params == 6_738_415_616
     assert spec.norm is NormType.RMSNORM and spec.activation is Activation.SILU
     assert spec.gated_mlp and not spec.bias and not spec.tied_embeddings
     assert spec.position_embedding is PositionEmbedding.ROPE
     assert spec.seq_len == 4096  # min(max_position_embeddings, 4096)
-    assert ModelSpec.from_hf_config(LLAMA2_7B_HF, seq_len=1024).seq_len == 1024
+    assert TransformerSpec.from_hf_config(LLAMA2_7B_HF, seq_len=1024).seq_len == 1024
     long_ctx = {**LLAMA2_7B_HF, "max_position_embeddings": 131072}
-    assert ModelSpec.from_hf_config(long_ctx).seq_len == 4096
+    assert TransformerSpec.from_hf_config(long_ctx).seq_len == 4096
 
 
 def test_from_hf_gpt2() -> None:
-    spec = ModelSpec.from_hf_config(GPT2_HF)
+    spec = TransformerSpec.from_hf_config(GPT2_HF)
     assert spec.num_params == 124_439_808
     assert spec.position_embedding is PositionEmbedding.LEARNED and spec.tied_embeddings
     assert spec.activation is Activation.GELU and spec.norm is NormType.LAYERNORM
@@ -380,21 +380,21 @@ def test_from_hf_gpt2() -> None:
 
 
 def test_from_hf_mixtral_matches_preset() -> None:
-    spec = ModelSpec.from_hf_config(MIXTRAL_HF, seq_len=32768)
-    preset = ModelSpec.from_name("mixtral-8x7b")
+    spec = TransformerSpec.from_hf_config(MIXTRAL_HF, seq_len=32768)
+    preset = TransformerSpec.from_name("mixtral-8x7b")
     assert spec.num_params == preset.num_params == 46_702_792_704
     assert spec.num_active_params == preset.num_active_params
     assert spec.flops_per_token() == preset.flops_per_token()
 
 
 def test_from_hf_other_families() -> None:
-    neox = ModelSpec.from_hf_config({
+    neox = TransformerSpec.from_hf_config({
         "model_type": "gpt_neox", "hidden_act": "gelu", "hidden_size": 512,
         "intermediate_size": 2048, "max_position_embeddings": 2048, "num_attention_heads": 8,
         "num_hidden_layers": 6, "vocab_size": 50304, "tie_word_embeddings": False,
     })  # fmt: skip
     assert neox.num_params == 70_426_624  # EleutherAI/pythia-70m
-    falcon = ModelSpec.from_hf_config({
+    falcon = TransformerSpec.from_hf_config({
         "model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71,
         "num_hidden_layers": 32, "vocab_size": 65024, "multi_query": True,
         "parallel_attn": True, "bias": False, "alibi": False,
@@ -402,7 +402,7 @@ def test_from_hf_other_families() -> None:
     assert falcon.kv_heads == 1 and falcon.seq_len == 2048
     # tiiuae/falcon-7b: 6,921,720,704; one norm per layer is counted as two
     assert falcon.num_params - 6_921_720_704 == 32 * 2 * 4544
-    gemma = ModelSpec.from_hf_config({
+    gemma = TransformerSpec.from_hf_config({
         "model_type": "gemma", "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
         "hidden_size": 3072, "intermediate_size": 24576, "max_position_embeddings": 8192,
         "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 16,
@@ -410,7 +410,7 @@ def test_from_hf_other_families() -> None:
     })  # fmt: skip
     assert gemma.tied_embeddings and gemma.head_size == 256
     assert gemma.num_params == 8_537_680_896  # google/gemma-7b
-    opt = ModelSpec.from_hf_config({
+    opt = TransformerSpec.from_hf_config({
         "model_type": "opt", "activation_function": "relu", "ffn_dim": 3072,
         "hidden_size": 768, "max_position_embeddings": 2048, "num_attention_heads": 12,
         "num_hidden_layers": 12, "vocab_size": 50272, "word_embed_proj_dim": 768,
@@ -429,30 +429,30 @@ def test_from_hf_qwen3_moe_and_unsupported() -> None:
         "max_position_embeddings": 40960, "decoder_sparse_step": 1, "mlp_only_layers": [],
         "tie_word_embeddings": False,
     }  # fmt: skip
-    spec = ModelSpec.from_hf_config(qwen3_moe)
+    spec = TransformerSpec.from_hf_config(qwen3_moe)
     # Qwen/Qwen3-30B-A3B: 30.5B total, 3.3B active (Q/K norms, 2·128 per layer, not counted)
     assert spec.num_params == pytest.approx(30.5e9, rel=0.01)
     assert spec.num_active_params == pytest.approx(3.3e9, rel=0.02)
     shared = {**qwen3_moe, "model_type": "qwen2_moe", "shared_expert_intermediate_size": 5632}
-    assert ModelSpec.from_hf_config(shared).shared_expert_ffn_size == 5632
+    assert TransformerSpec.from_hf_config(shared).shared_expert_ffn_size == 5632
     with pytest.raises(SpecError, match="kv_lora_rank"):
-        ModelSpec.from_hf_config({**qwen3_moe, "kv_lora_rank": 512})
+        TransformerSpec.from_hf_config({**qwen3_moe, "kv_lora_rank": 512})
 
 
 def test_from_hf_missing_keys_and_bad_values(caplog) -> None:
     broken = {k: v for k, v in LLAMA2_7B_HF.items() if k not in ("hidden_size", "vocab_size")}
     with pytest.raises(SpecError) as info:
-        ModelSpec.from_hf_config(broken)
+        TransformerSpec.from_hf_config(broken)
     assert "hidden_size" in str(info.value) and "vocab_size" in str(info.value)
     gpt2_broken = {k: v for k, v in GPT2_HF.items() if k != "n_layer"}
     with pytest.raises(SpecError, match="n_layer or num_hidden_layers"):
-        ModelSpec.from_hf_config(gpt2_broken)
+        TransformerSpec.from_hf_config(gpt2_broken)
     with pytest.raises(SpecError, match="hidden_act='tanhshrink'"):
-        ModelSpec.from_hf_config({**LLAMA2_7B_HF, "hidden_act": "tanhshrink"})
+        TransformerSpec.from_hf_config({**LLAMA2_7B_HF, "hidden_act": "tanhshrink"})
     with pytest.raises(SpecError, match="num_key_value_heads|num_kv_heads=5"):
-        ModelSpec.from_hf_config({**LLAMA2_7B_HF, "num_key_value_heads": 5})
+        TransformerSpec.from_hf_config({**LLAMA2_7B_HF, "num_key_value_heads": 5})
     with caplog.at_level(logging.WARNING, logger="perfcast.features.hf_config"):
-        spec = ModelSpec.from_hf_config({**LLAMA2_7B_HF, "model_type": "new_llama_clone"})
+        spec = TransformerSpec.from_hf_config({**LLAMA2_7B_HF, "model_type": "new_llama_clone"})
     assert spec.num_params == 6_738_415_616
     assert "new_llama_clone" in caplog.text
 
@@ -460,11 +460,11 @@ def test_from_hf_missing_keys_and_bad_values(caplog) -> None:
 def test_from_hf_written_file(tmp_path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(MIXTRAL_HF), encoding="utf-8")
-    spec = ModelSpec.from_hf_config(path)
+    spec = TransformerSpec.from_hf_config(path)
     assert spec.num_experts == 8 and spec.top_k == 2 and spec.seq_len == 4096
-    assert ModelSpec.from_hf_config(str(tmp_path)) == spec
+    assert TransformerSpec.from_hf_config(str(tmp_path)) == spec
     with pytest.raises(SpecError, match="no such file"):
-        ModelSpec.from_hf_config(tmp_path / "absent.json")
+        TransformerSpec.from_hf_config(tmp_path / "absent.json")
 
 
 # ---------------------------------------------------------------------- properties
@@ -499,8 +499,8 @@ def model_specs(draw: st.DrawFn) -> dict:
 @settings(max_examples=200, deadline=None)
 @given(model_specs())
 def test_num_params_positive_and_monotone_in_layers(fields: dict) -> None:
-    spec = ModelSpec(**fields)
-    deeper = ModelSpec(**{**fields, "num_layers": fields["num_layers"] + fields["moe_layer_freq"]})
+    spec = TransformerSpec(**fields)
+    deeper = TransformerSpec(**{**fields, "num_layers": fields["num_layers"] + fields["moe_layer_freq"]})
     assert spec.num_params > 0
     assert deeper.num_params > spec.num_params
     assert 0 < spec.num_active_params <= spec.num_params
@@ -513,4 +513,4 @@ def test_a_name_too_long_for_a_path_is_an_unknown_preset_not_an_os_error():
     from perfcast.errors import UnknownEntryError
 
     with pytest.raises(UnknownEntryError):
-        ModelSpec.load("x" * 5000)
+        TransformerSpec.load("x" * 5000)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from perfcast.errors import SpecError, UnknownEntryError
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.model_source import MAX_CONFIG_BYTES, ModelSource, model_key
 
 SMALL = {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000}
@@ -21,7 +21,7 @@ def test_a_local_source_reads_any_path_and_presets(tmp_path: Path) -> None:
     path.write_text(json.dumps(HF))
     source = ModelSource()
     assert source.resolve(str(path)).num_layers == 2
-    assert source.resolve("llama2-7b") == ModelSpec.from_name("llama2-7b")
+    assert source.resolve("llama2-7b") == TransformerSpec.from_name("llama2-7b")
 
 
 def test_inline_configs_of_both_kinds_resolve_under_any_policy() -> None:

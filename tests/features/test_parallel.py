@@ -8,7 +8,7 @@ import pytest
 
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import (
     DEFAULT_SPLIT_NAME,
     Finetune,
@@ -19,7 +19,7 @@ from perfcast.features.parallel import (
     pipeline_split,
 )
 
-GPT = ModelSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+GPT = TransformerSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 
 
 def _cluster(n: int) -> ClusterSpec:
@@ -114,17 +114,17 @@ def test_world_size_must_equal_num_gpus():
 
 
 def test_tp_must_divide_heads():
-    llama = ModelSpec.from_name("llama2-7b")
+    llama = TransformerSpec.from_name("llama2-7b")
     with _raises(SpecError, "tp=3 does not divide num_heads=32"):
         check_layout(llama, ParallelConfig(tp=3, global_batch=1), _cluster(3))
 
 
 def test_tp_and_kv_heads_must_nest():
-    model = ModelSpec(num_layers=2, hidden_size=768, num_heads=12, num_kv_heads=4, vocab_size=1000)
+    model = TransformerSpec(num_layers=2, hidden_size=768, num_heads=12, num_kv_heads=4, vocab_size=1000)
     with _raises(SpecError, "tp=3 and num_kv_heads=4: one must divide the other"):
         check_layout(model, ParallelConfig(tp=3, global_batch=1), _cluster(3))
     # more tp ranks than KV heads replicates them: allowed
-    mqa = ModelSpec(num_layers=2, hidden_size=512, num_heads=8, num_kv_heads=2, vocab_size=1000)
+    mqa = TransformerSpec(num_layers=2, hidden_size=512, num_heads=8, num_kv_heads=2, vocab_size=1000)
     check_layout(mqa, ParallelConfig(tp=4, global_batch=1), _cluster(4))
 
 
@@ -164,13 +164,13 @@ def test_sequence_parallel_needs_tp_to_divide_the_rank_sequence():
 def test_ep_needs_moe_and_must_divide_experts():
     with _raises(SpecError, "ep=2 needs a mixture-of-experts model"):
         check_layout(GPT, ParallelConfig(dp=2, ep=2, global_batch=2), _cluster(2))
-    mixtral = ModelSpec.from_name("mixtral-8x7b")
+    mixtral = TransformerSpec.from_name("mixtral-8x7b")
     with _raises(SpecError, "ep=3 does not divide num_experts=8"):
         check_layout(mixtral, ParallelConfig(dp=6, ep=3, global_batch=6), _cluster(6))
 
 
 def test_etp_must_divide_expert_ffn():
-    moe = ModelSpec(
+    moe = TransformerSpec(
         num_layers=2,
         hidden_size=512,
         num_heads=8,

@@ -10,7 +10,7 @@ import pytest
 from perfcast.data.schema import DType, Fp8Recipe
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec, HardwareSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.run_config import parse_run_row
 from perfcast.features.workload import QUANTIZED_GEMMS, build_workload_graph
@@ -81,7 +81,7 @@ def test_run_rows_parse_fp8_recipe_and_fold_megatron_mxfp8():
 
 
 def _graph(dtype: str, **parallel):
-    model = ModelSpec(num_layers=4, hidden_size=1024, num_heads=8, ffn_hidden_size=4096, vocab_size=32000,
+    model = TransformerSpec(num_layers=4, hidden_size=1024, num_heads=8, ffn_hidden_size=4096, vocab_size=32000,
                       seq_len=2048)  # fmt: skip
     p = ParallelConfig(dp=8, global_batch=8, dtype=dtype, **parallel)
     return build_workload_graph(model, p, ClusterSpec.build("b200-hgx", 8)).nodes

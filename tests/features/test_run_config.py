@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from perfcast.errors import SpecError, UnknownEntryError
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, Recompute
 from perfcast.features.run_config import DEFAULT_LORA_RANK, parse_run_row
 
@@ -26,7 +26,7 @@ def test_preset_with_overrides():
             "recompute": "selective",
         }
     )
-    base = ModelSpec.from_name("llama2-7b")
+    base = TransformerSpec.from_name("llama2-7b")
     assert cfg.model.seq_len == 2048 and cfg.model.hidden_size == base.hidden_size
     assert cfg.model.num_layers == base.num_layers and cfg.model.name == base.name
     assert (cfg.parallel.tp, cfg.parallel.dp, cfg.parallel.recompute) == (2, 4, Recompute.SELECTIVE)
@@ -65,7 +65,7 @@ def test_empty_cells_count_as_absent():
         "inter_node": "",
     }
     cfg = parse_run_row(row)
-    base = ModelSpec.from_name("gpt3-125m")
+    base = TransformerSpec.from_name("gpt3-125m")
     assert cfg.model.num_layers == base.num_layers and cfg.model.seq_len == base.seq_len
     assert (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp) == (1, 1, 2)
     assert not cfg.parallel.sequence_parallel and cfg.cluster.num_gpus == 2

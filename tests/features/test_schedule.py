@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.schedule import (
@@ -19,10 +19,10 @@ from perfcast.features.schedule import (
 )
 from perfcast.features.workload import WorkloadGraph, build_workload_graph
 
-GPT = ModelSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+GPT = TransformerSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 
 
-def _setup(model: ModelSpec = GPT, **fields) -> tuple[WorkloadGraph, ClusterSpec]:
+def _setup(model: TransformerSpec = GPT, **fields) -> tuple[WorkloadGraph, ClusterSpec]:
     fields.setdefault("global_batch", fields.get("dp", 1))
     p = ParallelConfig(**fields)
     cluster = ClusterSpec.build("h100-sxm5-80gb", p.world_size)
@@ -325,7 +325,7 @@ def test_the_slowest_uneven_stage_sets_the_steady_state():
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_plan_of_many_graphs_equals_composing_each_alone_for_uneven_stages(overlap):
-    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 512})
+    mixtral = TransformerSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 512})
     graphs = [
         _setup(GPT.model_copy(update={"num_layers": 7}), pp=3, dp=2, global_batch=6, zero_stage=1)[0],
         _setup(GPT.model_copy(update={"num_layers": 11}), pp=2, vpp=2, tp=2, global_batch=4, sequence_parallel=True)[0],

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import ParallelConfig, Recompute
 from perfcast.features.schedule_bodies import BodyTemplate, segment_rows
 from perfcast.features.workload import Scope, build_workload_graph
 
-GPT = ModelSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+GPT = TransformerSpec(num_layers=8, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 
 
 def test_segment_rows_spell_the_chosen_segments():

@@ -22,7 +22,7 @@ import pytest
 from perfcast.errors import SpecError
 from perfcast.features import node_builder
 from perfcast.features.hardware import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.ops import op_flops, op_memory_bytes
 from perfcast.features.parallel import ParallelConfig, padded_vocab_size
 from perfcast.features.workload import (
@@ -34,12 +34,12 @@ from perfcast.features.workload import (
     trainable_params_per_rank,
 )
 
-GPT = ModelSpec(name="gpt-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
+GPT = TransformerSpec(name="gpt-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 GEMM_OPS = ("matmul", "linear", "bmm")
 COLLECTIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "sendrecv")
 
 
-def _graph(model: ModelSpec = GPT, **fields) -> WorkloadGraph:
+def _graph(model: TransformerSpec = GPT, **fields) -> WorkloadGraph:
     fields.setdefault("global_batch", fields.get("dp", 1) * fields.get("micro_batch", 1))
     p = ParallelConfig(**fields)
     return build_workload_graph(model, p, ClusterSpec.build("h100-sxm5-80gb", p.world_size))
@@ -60,13 +60,13 @@ def _flops(g: WorkloadGraph, ops, scope: str | None = None) -> float:
     return float(_weighted_flops(g)[mask].sum())
 
 
-def _bias_per_token(model: ModelSpec, tp: int) -> int:
+def _bias_per_token(model: TransformerSpec, tp: int) -> int:
     """Linear-bias FLOPs per token and layer: QKV and MLP-up split over tp, out and down not."""
     qkv = (model.num_heads + 2 * model.kv_heads) * model.head_size // tp
     return model.num_layers * (qkv + model.hidden_size + model.ffn_size // tp + model.hidden_size)
 
 
-def _padded_matmul_params(model: ModelSpec, tp: int) -> int:
+def _padded_matmul_params(model: TransformerSpec, tp: int) -> int:
     return model.num_matmul_params + (padded_vocab_size(model, tp) - model.vocab_size) * model.hidden_size
 
 
@@ -97,7 +97,7 @@ def test_attention_flops_are_causal_with_two_and_a_half_backward():
     assert _flops(g, ["attention"]) == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("model", [GPT, ModelSpec.from_name("gpt3-1.3b")], ids=["gpt-test", "gpt3-1.3b"])
+@pytest.mark.parametrize("model", [GPT, TransformerSpec.from_name("gpt3-1.3b")], ids=["gpt-test", "gpt3-1.3b"])
 def test_flops_against_model_flops_per_token(model):
     g = _graph(model, global_batch=2, micro_batch=1)
     tokens = 2 * model.seq_len
@@ -224,7 +224,7 @@ def test_context_parallelism_exchanges_kv_beside_attention():
 
 
 def test_expert_parallelism_all_to_alls_in_the_ep_group():
-    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
+    mixtral = TransformerSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
     g = _graph(mixtral, dp=8, ep=4, global_batch=8)
     assert g.moe_layers_per_stage == 32 and g.dense_layers_per_stage == 0
     a2a = _ops(g, op="alltoall")
@@ -283,7 +283,7 @@ def test_zero3_gathers_every_layers_parameters():
 
 
 def test_zero3_gathers_a_ranks_own_experts_over_the_expert_data_parallel_ranks_only():
-    mixtral = ModelSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
+    mixtral = TransformerSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
     dense = mixtral.attention_params_per_layer + mixtral.router_params_per_layer
     experts = mixtral.num_experts * mixtral.expert_params
     # ep spans the data-parallel ranks (edp = 1): the experts are whole on their rank
@@ -402,7 +402,7 @@ def test_trainable_params_per_rank_dense():
 
 
 def test_trainable_params_per_rank_moe_splits_experts_over_ep():
-    mixtral = ModelSpec.from_name("mixtral-8x7b")
+    mixtral = TransformerSpec.from_name("mixtral-8x7b")
     _, expert = trainable_params_per_rank(mixtral, ParallelConfig(dp=8, ep=4, global_batch=8))
     assert expert == mixtral.num_layers * mixtral.moe_params_per_layer // 4
 
@@ -415,7 +415,7 @@ def test_unfused_attention_keeps_both_gradients_under_lora():
 
 # ------------------------------------------------------------------ column-wise construction
 
-MOE = ModelSpec(
+MOE = TransformerSpec(
     name="moe-test", num_layers=4, hidden_size=256, num_heads=4, vocab_size=500, seq_len=128, num_experts=4, top_k=2
 )
 VARIED = {
@@ -478,7 +478,7 @@ def _body_rows(columns: dict) -> list[tuple]:
     return sorted(zip(*(picked[n].tolist() for n in names), strict=True))
 
 
-MOE = ModelSpec(name="moe-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256,
+MOE = TransformerSpec(name="moe-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256,
                 num_experts=4, top_k=2)  # fmt: skip
 VARIANT_LAYOUTS = [
     (GPT, {"tp": 2, "sequence_parallel": True, "dp": 2}),
@@ -542,7 +542,7 @@ def test_layers_per_rank_follow_the_pipeline_split():
 def test_moe_layers_per_rank_take_the_models_share_rounded_up():
     from perfcast.features.workload import layers_per_rank
 
-    moe = ModelSpec(num_layers=12, hidden_size=512, num_heads=8, vocab_size=1000, ffn_hidden_size=1024,
+    moe = TransformerSpec(num_layers=12, hidden_size=512, num_heads=8, vocab_size=1000, ffn_hidden_size=1024,
                     num_experts=4, top_k=2, moe_layer_freq=2)  # fmt: skip
     even = layers_per_rank(moe, ParallelConfig(pp=4, global_batch=4))
     assert even == ((1, 2),) * 4  # the even rule of old: ceil(6 / 4) MoE layers per stage

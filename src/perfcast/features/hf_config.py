@@ -1,7 +1,7 @@
-"""Hugging Face ``config.json`` to :class:`~perfcast.features.model.ModelSpec` fields.
+"""Hugging Face ``config.json`` to :class:`~perfcast.features.model.TransformerSpec` fields.
 
 :func:`hf_model_fields` maps a parsed config to the spec's fields (all but ``seq_len``),
-family by family (``model_type``); :meth:`ModelSpec.from_hf_config` reads the file and
+family by family (``model_type``); :meth:`TransformerSpec.from_hf_config` reads the file and
 validates the result. Enum fields are returned as their string values.
 
 Families:
@@ -142,7 +142,7 @@ class _HFReader:
 
 
 def hf_model_fields(cfg: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Map a Hugging Face config to ModelSpec fields (all but ``name`` and ``seq_len``).
+    """Map a Hugging Face config to TransformerSpec fields (all but ``name`` and ``seq_len``).
 
     Raises:
         SpecError: a family perfcast cannot represent (naming the part), missing keys (all

@@ -13,7 +13,7 @@ layers.
 from __future__ import annotations
 
 from perfcast.features.graph import Phase, Scope
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.node_builder import (
     MicrobatchSizes,
     NodeBuilder,
@@ -43,7 +43,7 @@ GEMM. The MoE block, the LM head and the embedding keep their collectives expose
 
 
 def add_layer_forward(
-    b: NodeBuilder, model: ModelSpec, p: ParallelConfig, ctx: MicrobatchSizes, gpus_per_node: int, *, moe: bool
+    b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, ctx: MicrobatchSizes, gpus_per_node: int, *, moe: bool
 ) -> list[int]:
     """Append the forward ops of one dense layer (an MoE layer with ``moe``) to ``b``; returns their
     node ids in order."""
@@ -124,7 +124,9 @@ def add_layer_forward(
     return ids
 
 
-def _add_attention_core(b: NodeBuilder, scope: str, model: ModelSpec, p: ParallelConfig, heads: int, kv: int) -> None:
+def _add_attention_core(
+    b: NodeBuilder, scope: str, model: TransformerSpec, p: ParallelConfig, heads: int, kv: int
+) -> None:
     """Scores, softmax and context of one layer: one fused op, or three unfused ones.
 
     Unfused (``flash_attention=False``), K and V are broadcast to every query head and
@@ -143,7 +145,7 @@ def _add_attention_core(b: NodeBuilder, scope: str, model: ModelSpec, p: Paralle
         b.add(f"{name}.context", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=keys, n=hd)
 
 
-def _attention_parts(model: ModelSpec, heads: int, kv: int, s_kv: int) -> list[tuple[str, int, int, int, bool]]:
+def _attention_parts(model: TransformerSpec, heads: int, kv: int, s_kv: int) -> list[tuple[str, int, int, int, bool]]:
     """(name, heads, kv heads, keys, causal) of a layer template's attention cores.
 
     One causal core over ``s_kv`` keys; when ``sliding_window_layers`` of the layers use a
@@ -170,7 +172,7 @@ def _attention_parts(model: ModelSpec, heads: int, kv: int, s_kv: int) -> list[t
     return [("attn.core", heads - heads_w, kv_f, s_kv, True), ("attn.core_window", heads_w, kv_w, window, False)]
 
 
-def _add_latent_qkv(b: NodeBuilder, model: ModelSpec, scope: str, t: int, heads: int) -> int:
+def _add_latent_qkv(b: NodeBuilder, model: TransformerSpec, scope: str, t: int, heads: int) -> int:
     """Multi-head latent attention's Q and K/V projections (``heads`` per rank); returns the last node.
 
     The down projections to the latents are replicated over tp ranks (as in Megatron-Core's
@@ -194,7 +196,9 @@ def _add_lora(b: NodeBuilder, scope: str, base: str, tokens: int, d_in: int, d_o
     b.add(f"{base}.lora_b", scope, Phase.FORWARD, OpType.MATMUL, batch=1, m=tokens, k=rank, n=d_out)
 
 
-def _add_experts(b: NodeBuilder, model: ModelSpec, p: ParallelConfig, ctx: MicrobatchSizes, gpus_per_node: int) -> None:
+def _add_experts(
+    b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, ctx: MicrobatchSizes, gpus_per_node: int
+) -> None:
     """Router, shared experts, token dispatch, routed experts and combine of one MoE layer.
 
     With ``etp == tp`` the experts take the layer's ``t`` tokens and split their GEMMs
@@ -252,7 +256,7 @@ def _overlap_tp_forward(b: NodeBuilder, ids: list[int]) -> None:
             b.rows[by_name[collective]]["overlap_with"] = by_name[gemm]
 
 
-def _zero3_gather_params(model: ModelSpec, p: ParallelConfig, *, moe: bool) -> float:
+def _zero3_gather_params(model: TransformerSpec, p: ParallelConfig, *, moe: bool) -> float:
     """Parameters one rank's ZeRO-3 gather of a layer moves, counted on the data-parallel group.
 
     Dense weights (attention, dense MLP, and in an MoE layer the router and shared experts)

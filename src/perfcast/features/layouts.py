@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout
 
 
@@ -64,7 +64,7 @@ def _powers_of_two_dividing(n: int, cap: int) -> list[int]:
 
 
 def enumerate_layouts(
-    model: ModelSpec,
+    model: TransformerSpec,
     cluster: ClusterSpec,
     global_batch: int,
     *,
@@ -92,7 +92,7 @@ def enumerate_layouts(
 
 
 def _layouts_at(
-    model: ModelSpec,
+    model: TransformerSpec,
     cluster: ClusterSpec,
     global_batch: int,
     space: LayoutSpace,

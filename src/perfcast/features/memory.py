@@ -41,7 +41,7 @@ import pandas as pd
 
 from perfcast.data.schema import DType
 from perfcast.features.cluster import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size
 from perfcast.features.run_config import RunConfig
 from perfcast.features.workload import layers_per_rank, trainable_params_per_rank
@@ -71,7 +71,7 @@ class MemoryBreakdown:
         return self.total_gib <= USABLE_MEMORY_FRACTION * mem_gib
 
 
-def activation_bytes_per_layer(model: ModelSpec, parallel: ParallelConfig, *, moe: bool = False) -> float:
+def activation_bytes_per_layer(model: TransformerSpec, parallel: ParallelConfig, *, moe: bool = False) -> float:
     """Activation bytes one layer keeps for backward, per microbatch per GPU (see module doc)."""
     p = parallel
     s = model.seq_len // p.cp
@@ -106,7 +106,7 @@ def _in_flight_microbatches(p: ParallelConfig) -> float:
     return flight
 
 
-def peak_memory(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> MemoryBreakdown:
+def peak_memory(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> MemoryBreakdown:
     """Peak memory per GPU of the fullest pipeline stage (weights and in-flight activations):
     the first one when every stage holds the same layers (see the module docstring)."""
     inputs = _memory_inputs(model, parallel, trainable_params_per_rank, activation_bytes_per_layer)
@@ -120,7 +120,7 @@ _INPUTS = ("full_dense", "full_expert", "dense", "expert", "dp_ranks", "edp_rank
 
 
 def _memory_inputs(
-    model: ModelSpec, p: ParallelConfig, params: Callable[..., tuple[int, int]], layer_bytes: Callable[..., float]
+    model: TransformerSpec, p: ParallelConfig, params: Callable[..., tuple[int, int]], layer_bytes: Callable[..., float]
 ) -> tuple[Any, ...]:
     """The :data:`_INPUTS` of one config, with the parameter and activation counts of ``params`` and
     ``layer_bytes`` (:func:`trainable_params_per_rank` and :func:`activation_bytes_per_layer`, or memos of them)."""
@@ -139,7 +139,7 @@ def _memory_inputs(
 
 
 def _fullest_rank_inputs(
-    model: ModelSpec,
+    model: TransformerSpec,
     p: ParallelConfig,
     ranks: Sequence[tuple[int, int]],
     params: Callable[..., tuple[int, int]],
@@ -193,7 +193,7 @@ def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
     counts: dict[tuple[object, ...], Any] = {}
 
     def params(
-        model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
+        model: TransformerSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
     ) -> tuple[int, int]:
         tune = finetune or p.finetune
         key = ("params", id(model), p.tp, p.pp, p.ep, p.etp, tune, p.lora_rank if tune is Finetune.LORA else 0, rank,
@@ -202,7 +202,7 @@ def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
             counts[key] = trainable_params_per_rank(model, p, finetune=finetune, rank=rank)
         return counts[key]
 
-    def layer_bytes(model: ModelSpec, p: ParallelConfig, *, moe: bool = False) -> float:
+    def layer_bytes(model: TransformerSpec, p: ParallelConfig, *, moe: bool = False) -> float:
         key = ("act", id(model), p.tp, p.cp, p.micro_batch, p.recompute, p.sequence_parallel, p.flash_attention, moe)
         if key not in counts:
             counts[key] = activation_bytes_per_layer(model, p, moe=moe)

@@ -1,6 +1,6 @@
 """Model spec: the shape of a decoder-only transformer, dense or mixture-of-experts.
 
-:class:`ModelSpec` is the one checked description of a model that the workload graph,
+:class:`TransformerSpec` is the one checked description of a model that the workload graph,
 the analytic estimates and the run table read. It stores only the shape; parameter counts
 and FLOPs are derived properties (:class:`~perfcast.features.model_counts.ModelCounts`). The
 parts it names are in :mod:`perfcast.features.model_parts`, the preset ids in
@@ -8,14 +8,14 @@ parts it names are in :mod:`perfcast.features.model_parts`, the preset ids in
 
 Construction:
 
-- ``ModelSpec(num_layers=..., hidden_size=..., ...)`` from fields;
-- ``ModelSpec.from_name("llama2-7b")`` from the preset catalog (:func:`list_models`);
-- ``ModelSpec.from_hf_config("config.json")`` from a Hugging Face ``config.json``;
-- ``ModelSpec.from_file("spec.json")`` from a perfcast JSON spec;
-- ``ModelSpec.load(ref)`` from any of the above.
+- ``TransformerSpec(num_layers=..., hidden_size=..., ...)`` from fields;
+- ``TransformerSpec.from_name("llama2-7b")`` from the preset catalog (:func:`list_models`);
+- ``TransformerSpec.from_hf_config("config.json")`` from a Hugging Face ``config.json``;
+- ``TransformerSpec.from_file("spec.json")`` from a perfcast JSON spec;
+- ``TransformerSpec.load(ref)`` from any of the above.
 
 Direct construction raises :class:`pydantic.ValidationError` (a ``ValueError``, with field
-paths); the ``from_*`` constructors and :meth:`ModelSpec.load` raise
+paths); the ``from_*`` constructors and :meth:`TransformerSpec.load` raise
 :class:`~perfcast.errors.SpecError` instead.
 
 Notation in the docstrings: ``L`` layers, ``h`` hidden size, ``nh`` query heads, ``nkv``
@@ -46,7 +46,7 @@ from perfcast.features.model_presets import CATALOG_PACKAGE, list_models, resolv
 __all__ = [
     "Activation",
     "LatentAttention",
-    "ModelSpec",
+    "TransformerSpec",
     "NormType",
     "PositionEmbedding",
     "list_models",
@@ -62,7 +62,7 @@ _METADATA_KEYS = ("schema_version", "source", "id")
 """Keys of a spec JSON file that describe the file, not the model; dropped on load."""
 
 
-class ModelSpec(ModelCounts, BaseModel):
+class TransformerSpec(ModelCounts, BaseModel):
     """Shape of a decoder-only transformer language model, dense or MoE.
 
     Sizes are element counts (not bytes); ``seq_len`` and ``max_position_embeddings``
@@ -161,7 +161,7 @@ class ModelSpec(ModelCounts, BaseModel):
     # ------------------------------------------------------------------ validation
 
     @model_validator(mode="after")
-    def _check_shape(self) -> ModelSpec:
+    def _check_shape(self) -> TransformerSpec:
         if self.head_dim is None and self.hidden_size % self.num_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} does not divide hidden_size={self.hidden_size}; "
@@ -299,7 +299,7 @@ class ModelSpec(ModelCounts, BaseModel):
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "model spec") -> ModelSpec:
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "model spec") -> TransformerSpec:
         """Build a spec from a mapping of fields, as in a perfcast JSON spec.
 
         The file-metadata keys ``schema_version`` (must be 1 when present), ``source`` and
@@ -321,7 +321,7 @@ class ModelSpec(ModelCounts, BaseModel):
             raise to_spec_error(exc, where) from None
 
     @classmethod
-    def from_file(cls, path: str | Path) -> ModelSpec:
+    def from_file(cls, path: str | Path) -> TransformerSpec:
         """Read a perfcast model-spec JSON file (see :meth:`from_dict`).
 
         Raises:
@@ -333,12 +333,12 @@ class ModelSpec(ModelCounts, BaseModel):
         if looks_like_hf_config(data):
             raise SpecError(
                 f"{path}: looks like a Hugging Face config.json (has model_type/architectures); "
-                "use ModelSpec.from_hf_config or ModelSpec.load"
+                "use TransformerSpec.from_hf_config or TransformerSpec.load"
             )
         return cls.from_dict(data, where=str(path))
 
     @classmethod
-    def from_name(cls, name: str) -> ModelSpec:
+    def from_name(cls, name: str) -> TransformerSpec:
         """Load a preset from the catalog by id, e.g. ``"llama2-7b"``.
 
         Matching ignores case, surrounding space and ``_``/space vs ``-``; when that finds
@@ -350,7 +350,9 @@ class ModelSpec(ModelCounts, BaseModel):
         return _load_preset(resolve_preset_id(name))
 
     @classmethod
-    def from_hf_config(cls, path_or_dict: str | Path | Mapping[str, Any], *, seq_len: int | None = None) -> ModelSpec:
+    def from_hf_config(
+        cls, path_or_dict: str | Path | Mapping[str, Any], *, seq_len: int | None = None
+    ) -> TransformerSpec:
         """Read a Hugging Face ``config.json`` (a path, a directory holding one, or its dict).
 
         The families read and how their keys map to fields are listed in
@@ -393,7 +395,7 @@ class ModelSpec(ModelCounts, BaseModel):
             raise to_spec_error(exc, where) from None
 
     @classmethod
-    def load(cls, ref: str | Path) -> ModelSpec:
+    def load(cls, ref: str | Path) -> TransformerSpec:
         """Resolve a model reference: a preset id, or a path to a Hugging Face
         ``config.json`` (or its directory) or to a perfcast spec JSON.
 
@@ -423,14 +425,14 @@ class ModelSpec(ModelCounts, BaseModel):
 
 
 @cache
-def _load_preset(model_id: str) -> ModelSpec:
+def _load_preset(model_id: str) -> TransformerSpec:
     res = resources.files(CATALOG_PACKAGE).joinpath("catalog").joinpath("models").joinpath(f"{model_id}.json")
     where = f"model catalog entry {model_id!r}"
     try:
         data = json.loads(res.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as exc:
         raise SpecError(f"{where}: cannot read: {exc}") from None
-    return ModelSpec.from_dict(data, where=where)
+    return TransformerSpec.from_dict(data, where=where)
 
 
 def looks_like_path(text: str) -> bool:

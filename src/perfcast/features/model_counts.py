@@ -1,6 +1,6 @@
 """Parameter and FLOP counts of a transformer shape: the derived figures of a model spec.
 
-:class:`ModelCounts` is mixed into :class:`~perfcast.features.model.ModelSpec`, whose
+:class:`ModelCounts` is mixed into :class:`~perfcast.features.model.TransformerSpec`, whose
 fields (``num_layers``, ``hidden_size`` ...) and resolved shape (``kv_heads``,
 ``head_size``, ``ffn_size`` ...) it reads: parameter counts per part and in total,
 parameters, and model FLOPs per token. Notation as in :mod:`perfcast.features.model`.
@@ -15,7 +15,7 @@ from perfcast.features.model_parts import NormType, PositionEmbedding
 
 
 class ModelCounts:
-    """Parameter counts (parameters) and FLOPs per token (FLOP/token) of a :class:`ModelSpec`'s shape."""
+    """Parameter counts (parameters) and FLOPs per token (FLOP/token) of a :class:`TransformerSpec`'s shape."""
 
     # ------------------------------------------------------------------ parameter counts
 

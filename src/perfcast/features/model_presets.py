@@ -2,7 +2,7 @@
 
 Presets are package data (``features/catalog/models/<id>.json``); a name matches an id
 ignoring case, spaces and ``_``, then ignoring punctuation. Reading an entry into a spec is
-:meth:`perfcast.features.model.ModelSpec.from_name`.
+:meth:`perfcast.features.model.TransformerSpec.from_name`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ operator never meant to expose. :class:`ModelSource` resolves a ``model`` refere
 one of these two policies:
 
 * ``ModelSource()``: a preset id, an inline config (a mapping) or any file path, as
-  :meth:`ModelSpec.load <perfcast.features.model.ModelSpec.load>` reads them.
+  :meth:`TransformerSpec.load <perfcast.features.model.TransformerSpec.load>` reads them.
 * ``ModelSource.restricted(dirs)``: a preset id, an inline config, or a file *inside* one
   of ``dirs`` (after resolving links), of at most :data:`MAX_CONFIG_BYTES`. Files are read
   once and their specs cached by content hash. Errors never quote a file's contents, and a
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from perfcast.errors import PerfcastError, SpecError
-from perfcast.features.model import ModelSpec, looks_like_hf_config, looks_like_path
+from perfcast.features.model import TransformerSpec, looks_like_hf_config, looks_like_path
 
 MAX_CONFIG_BYTES = 1 << 20
 """Largest model config file a restricted source reads, bytes (configs are a few KB)."""
@@ -42,7 +42,7 @@ class ModelSource:
     def __init__(self, allowed_dirs: Sequence[str | Path] = (), *, restricted: bool = False) -> None:
         self.restricted = restricted
         self.allowed_dirs = tuple(Path(d).resolve() for d in allowed_dirs)
-        self._by_content: OrderedDict[str, ModelSpec] = OrderedDict()
+        self._by_content: OrderedDict[str, TransformerSpec] = OrderedDict()
         self._lock = threading.Lock()  # a service resolves from several prediction threads
 
     @classmethod
@@ -50,7 +50,7 @@ class ModelSource:
         """A source that reads files only inside ``allowed_dirs`` (no file at all when empty)."""
         return cls(allowed_dirs, restricted=True)
 
-    def resolve(self, ref: str | Mapping[str, Any]) -> ModelSpec:
+    def resolve(self, ref: str | Mapping[str, Any]) -> TransformerSpec:
         """The spec of ``ref``: an inline config mapping (perfcast fields or a Hugging Face
         ``config.json``'s), a preset id, or a config file the policy allows.
 
@@ -63,7 +63,7 @@ class ModelSource:
             return inline_model(ref)
         text = str(ref).strip()
         if not self.restricted:
-            return ModelSpec.load(text)
+            return TransformerSpec.load(text)
         path = self._allowed_file(text)
         if path is not None:
             return self._read_allowed(text, path)
@@ -73,7 +73,7 @@ class ModelSource:
                 f"model={text!r}: this service reads {where}; "
                 "give a preset id (GET /v1/models) or the config itself as a JSON object"
             )
-        return ModelSpec.from_name(text)
+        return TransformerSpec.from_name(text)
 
     def _allowed_file(self, text: str) -> Path | None:
         """The config file ``text`` names inside an allowed folder, or None."""
@@ -90,7 +90,7 @@ class ModelSource:
                 continue
         return None
 
-    def _read_allowed(self, text: str, path: Path) -> ModelSpec:
+    def _read_allowed(self, text: str, path: Path) -> TransformerSpec:
         """Read an allowed config file once per content; errors name the reference, never the contents."""
         invalid = SpecError(f"model={text!r}: not a valid perfcast or Hugging Face model config "
                             "(check it with `perfcast models show`)")  # fmt: skip
@@ -115,7 +115,7 @@ class ModelSource:
         return spec
 
 
-def inline_model(config: Any) -> ModelSpec:
+def inline_model(config: Any) -> TransformerSpec:
     """A spec from a parsed config: a Hugging Face ``config.json`` (has ``model_type`` or
     ``architectures``) or perfcast's own model fields.
 
@@ -125,8 +125,8 @@ def inline_model(config: Any) -> ModelSpec:
     if not isinstance(config, Mapping):
         raise SpecError(f"model: an inline config must be a JSON object, got {type(config).__name__}")
     if looks_like_hf_config(config):
-        return ModelSpec.from_hf_config(config)
-    return ModelSpec.from_dict(config, where="model")
+        return TransformerSpec.from_hf_config(config)
+    return TransformerSpec.from_dict(config, where="model")
 
 
 def model_key(ref: str | Mapping[str, Any]) -> str:

@@ -18,7 +18,7 @@ import numpy as np
 
 from perfcast.data.schema import DType
 from perfcast.features.graph import NODE_COLUMNS, Phase
-from perfcast.features.model import Activation, ModelSpec, NormType
+from perfcast.features.model import Activation, NormType, TransformerSpec
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType
 from perfcast.features.parallel import ParallelConfig
 from perfcast.features.placement import Group
@@ -138,17 +138,17 @@ class MicrobatchSizes:
     tp_rpn: int
 
 
-def norm_op(model: ModelSpec) -> OpType:
+def norm_op(model: TransformerSpec) -> OpType:
     """The model's normalisation op."""
     return OpType.RMSNORM if model.norm is NormType.RMSNORM else OpType.LAYERNORM
 
 
-def activation_op(model: ModelSpec) -> OpType:
+def activation_op(model: TransformerSpec) -> OpType:
     """The model's MLP activation op."""
     return {Activation.GELU: OpType.GELU, Activation.SILU: OpType.SILU, Activation.RELU: OpType.RELU}[model.activation]
 
 
-def gemm_op(model: ModelSpec, batch: int = 1) -> OpType:
+def gemm_op(model: TransformerSpec, batch: int = 1) -> OpType:
     """The op of a weight GEMM: ``bmm`` over ``batch > 1`` weights, else ``linear`` with a bias or ``matmul``."""
     if batch > 1:
         return OpType.BMM

@@ -21,7 +21,7 @@ from perfcast.data.schema import FIELD_MAX, DType, Fp8Recipe
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import DEFAULT_FRAMEWORK, Framework
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 
 
 class Recompute(str, Enum):
@@ -213,7 +213,7 @@ class ParallelConfig(BaseModel):
         return self.global_batch // (self.dp * self.micro_batch)
 
 
-def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
+def check_layout(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
     """Check the rules that tie a layout to its model and cluster.
 
     Raises:
@@ -262,7 +262,7 @@ def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpe
         raise SpecError(f"tp={p.tp} does not divide the shared experts' ffn size {m.shared_expert_ffn_size}")
 
 
-def padded_vocab_size(model: ModelSpec, tp: int, multiple: int = 128) -> int:
+def padded_vocab_size(model: TransformerSpec, tp: int, multiple: int = 128) -> int:
     """Vocabulary rows after Megatron's padding to a multiple of ``multiple * tp``."""
     step = multiple * tp
     return -(-model.vocab_size // step) * step

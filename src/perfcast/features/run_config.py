@@ -33,7 +33,7 @@ from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_C
 from perfcast.errors import PerfcastError, SpecError, UnknownEntryError
 from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import Framework, framework_fields
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.model_source import ModelSource, model_key
 from perfcast.features.parallel import Finetune, ParallelConfig, check_layout, pipeline_split
 
@@ -88,7 +88,7 @@ class RunConfig:
     row's own ``defaulted_fields`` cell gave (a reader's fills).
     """
 
-    model: ModelSpec
+    model: TransformerSpec
     parallel: ParallelConfig
     cluster: ClusterSpec
     defaulted: tuple[str, ...] = ()
@@ -241,12 +241,12 @@ class _RowParser:
                     raise
                 # an unknown name beside a complete shape is a label: the fields define the model
                 named = {**model_fields, "name": str(ref)}
-                model = self._memo(("fields", *named.items()), _validate, ModelSpec, named, "model")
+                model = self._memo(("fields", *named.items()), _validate, TransformerSpec, named, "model")
         else:
             missing = [f for f in SHAPE_FIELDS if f not in model_fields]
             if missing:
                 raise SpecError(f"missing model fields {', '.join(missing)}: give them or a `model` preset/config path")
-            model = self._memo(("fields", *model_fields.items()), _validate, ModelSpec, model_fields, "model")
+            model = self._memo(("fields", *model_fields.items()), _validate, TransformerSpec, model_fields, "model")
 
         parallel_fields = _fields(cells, PARALLEL_FIELDS)
         lora = str(parallel_fields.get("finetune", "")).strip().lower() == "lora"
@@ -281,7 +281,7 @@ def defaulted_names(
     cluster: ClusterSpec,
     *,
     model_by_fields: bool,
-    model: ModelSpec | None = None,
+    model: TransformerSpec | None = None,
 ) -> list[str]:
     """The run-table inputs absent from ``cells`` whose default shapes this config's prediction.
 
@@ -354,7 +354,7 @@ def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _referenced_model(source: ModelSource, ref: str | Mapping[str, Any], overrides: dict[str, Any]) -> ModelSpec:
+def _referenced_model(source: ModelSource, ref: str | Mapping[str, Any], overrides: dict[str, Any]) -> TransformerSpec:
     """The spec ``ref`` names (through ``source``) with the row's own model fields over it."""
     base = source.resolve(ref)
-    return _validate(ModelSpec, {**base.model_dump(), **overrides}, "model")
+    return _validate(TransformerSpec, {**base.model_dump(), **overrides}, "model")

@@ -26,7 +26,7 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.hardware import ClusterSpec, descriptor_figures
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute
 from perfcast.features.run_config import RunConfig
 
@@ -127,7 +127,7 @@ COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
 
 
-def _model_columns(m: ModelSpec) -> dict[str, float]:
+def _model_columns(m: TransformerSpec) -> dict[str, float]:
     """Features and sizes of one model (shared by every config of it)."""
     return {
         "log2_hidden": np.log2(m.hidden_size),

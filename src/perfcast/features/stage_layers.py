@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import accumulate
 
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, padded_vocab_size, pipeline_split
 
 
-def layers_per_rank(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, int], ...]:
+def layers_per_rank(model: TransformerSpec, parallel: ParallelConfig) -> tuple[tuple[int, int], ...]:
     """``(dense, moe)`` transformer layers of each pipeline rank, rank 0 first.
 
     A rank holds the layers :func:`~perfcast.features.parallel.pipeline_split` gives it,
@@ -47,7 +47,7 @@ def busiest_rank_layers(ranks: Sequence[tuple[int, int]]) -> tuple[int, int]:
 
 
 def trainable_params_per_rank(
-    model: ModelSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
+    model: TransformerSpec, p: ParallelConfig, *, finetune: Finetune | None = None, rank: int | None = None
 ) -> tuple[int, int]:
     """(non-expert, expert) trainable parameters one GPU of a pipeline stage holds.
 

@@ -50,7 +50,7 @@ import pandas as pd
 from perfcast.data.schema import DType, OpType
 from perfcast.data.tables import OP_SHAPE_COLUMNS
 from perfcast.errors import SpecError
-from perfcast.features.model import ModelSpec, NormType
+from perfcast.features.model import NormType, TransformerSpec
 from perfcast.features.parallel import padded_vocab_size
 
 __all__ = [
@@ -211,7 +211,7 @@ def profile_plan(
     """
     families = parse_op_families(ops)
     kinds = _parse_dtypes(dtypes)
-    models = [ModelSpec.from_name(p) for p in (DEFAULT_PRESETS if presets is None else presets)]
+    models = [TransformerSpec.from_name(p) for p in (DEFAULT_PRESETS if presets is None else presets)]
     if not models:
         raise SpecError("presets is empty; give at least one preset id (see `perfcast models list`)")
     for name, grid in (
@@ -245,10 +245,10 @@ def profile_plan(
 class _Grid:
     """The presets under every tp degree that divides their heads, with the grids."""
 
-    def __init__(self, models: list[ModelSpec], tokens: list[int], tps: list[int], seqs: list[int]) -> None:
+    def __init__(self, models: list[TransformerSpec], tokens: list[int], tps: list[int], seqs: list[int]) -> None:
         self.models, self.tokens, self.tps, self.seqs = models, tokens, tps, seqs
 
-    def splits(self) -> Iterable[tuple[ModelSpec, int]]:
+    def splits(self) -> Iterable[tuple[TransformerSpec, int]]:
         for model in self.models:
             for tp in self.tps:
                 if model.num_heads % tp == 0:

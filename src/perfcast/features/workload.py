@@ -57,7 +57,7 @@ from perfcast.features.layer_ops import (  # noqa: F401 (re-exported: the overla
     TP_OVERLAP_GEMMS,
     add_layer_forward,
 )
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.node_builder import (  # noqa: F401 (re-exported: QUANTIZED_GEMMS)
     OP_BY_NAME,
     QUANTIZED_GEMMS,
@@ -93,7 +93,7 @@ _CONJUGATE = {
 }
 
 
-def build_workload_graph(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> WorkloadGraph:
+def build_workload_graph(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> WorkloadGraph:
     """Expand a config into the op graph of one training step.
 
     Raises:
@@ -233,7 +233,7 @@ def step_ops_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...
             p.vpp, *pipeline_split_key(p))  # fmt: skip
 
 
-def build_step_ops(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
+def build_step_ops(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
     """The once-per-step nodes of the config's graph (gradient sync, optimizer), as ``NODE_COLUMNS`` arrays.
 
     They equal the ``step``-scope rows that :func:`build_workload_graph` appends last,
@@ -244,12 +244,12 @@ def build_step_ops(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterS
     return b.columns()
 
 
-def _add_embedding_forward(b: NodeBuilder, model: ModelSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> None:
+def _add_embedding_forward(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> None:
     b.add("embedding", Scope.FIRST_STAGE, Phase.FORWARD, OpType.EMBEDDING, rows=ctx.tokens, cols=model.hidden_size)
     add_tp_collective(b, "embedding.tp", Scope.FIRST_STAGE, ctx, OpType.REDUCESCATTER if ctx.sp else OpType.ALLREDUCE)
 
 
-def _add_head_forward(b: NodeBuilder, model: ModelSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> list[int]:
+def _add_head_forward(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> list[int]:
     first = len(b.rows)
     scope, h, t = Scope.LAST_STAGE, model.hidden_size, ctx.tokens
     vocab = padded_vocab_size(model, p.tp) // p.tp
@@ -365,7 +365,7 @@ def _add_recompute(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> Non
             b.rows[replay]["overlap_with"] = replay_of[target]
 
 
-def _add_embedding_backward(b: NodeBuilder, model: ModelSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> None:
+def _add_embedding_backward(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, ctx: MicrobatchSizes) -> None:
     scope = Scope.FIRST_STAGE
     if ctx.sp:  # the reduce-scatter after the lookup turns into an all-gather
         b.add(
@@ -390,7 +390,7 @@ def _add_embedding_backward(b: NodeBuilder, model: ModelSpec, p: ParallelConfig,
         )
 
 
-def _add_step_ops(b: NodeBuilder, model: ModelSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
+def _add_step_ops(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
     g = cluster.nvlink_domain
     dense, expert = trainable_params_per_rank(model, p)
     gb = grad_bytes(p)

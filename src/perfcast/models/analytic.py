@@ -28,7 +28,7 @@ def model_flops_per_step(config: RunConfig) -> float:
     """Model FLOPs of one step (Narayanan et al. convention, no recomputation).
 
     Attention counts causal: half of the full-attention term ``12*L*s*(nh*hd)`` of
-    :meth:`ModelSpec.flops_per_token`, as the workload graph executes it. Counting the
+    :meth:`TransformerSpec.flops_per_token`, as the workload graph executes it. Counting the
     full term would let the MFU of this lower-bound predictor exceed 1 at long sequences.
     LoRA computes no weight gradients of the frozen base: ``2 * N_matmul`` fewer FLOPs
     per token.

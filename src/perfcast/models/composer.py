@@ -59,7 +59,7 @@ import pandas as pd
 
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.cluster import ClusterSpec
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.ops import COLLECTIVE_OPS, OpType, op_flops, op_memory_bytes
 from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
@@ -392,7 +392,7 @@ class _Batch:
     def __init__(self, configs: Sequence[RunConfig]) -> None:
         link_of: dict[int, str] = {}
         model_of: dict[int, int] = {}  # model object -> number of its model: keys hash a model once
-        models: dict[ModelSpec, int] = {}
+        models: dict[TransformerSpec, int] = {}
         self.clusters: dict[str, ClusterSpec] = {}
         templates: dict[tuple[Any, ...], int] = {}
         step_sets: dict[tuple[Any, ...], int] = {}

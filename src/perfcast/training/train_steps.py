@@ -33,7 +33,7 @@ import pandas as pd
 from perfcast._optional import require
 from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
-from perfcast.features.model import ModelSpec
+from perfcast.features.model import TransformerSpec
 from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.features.run_features import featurize_runs
 from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
@@ -181,7 +181,7 @@ def _unname_unknown_models(records: pd.DataFrame) -> pd.DataFrame:
     unknown = set()
     for name in names:
         try:
-            ModelSpec.load(name)
+            TransformerSpec.load(name)
         except SpecError:
             unknown.add(name)
     spelled = records.reindex(columns=list(REQUIRED_MODEL_FIELDS)).notna().all(axis=1)

@@ -22,11 +22,11 @@ def models_list(
     fmt: OutputFormat = typer.Option(OutputFormat.TABLE, "--format", "-f", help="table, csv, json or jsonl"),
 ) -> None:
     """List the model presets with their parameter counts."""
-    from perfcast.features.model import ModelSpec, list_models
+    from perfcast.features.model import TransformerSpec, list_models
 
     rows = []
     for name in list_models():
-        m = ModelSpec.from_name(name)
+        m = TransformerSpec.from_name(name)
         rows.append({"id": name, "num_layers": m.num_layers, "hidden_size": m.hidden_size, "num_heads": m.num_heads,
                      "num_kv_heads": m.kv_heads, "ffn_hidden_size": m.ffn_size, "num_experts": m.num_experts,
                      "params_b": round(m.num_params / 1e9, 2),
@@ -48,10 +48,10 @@ def models_show(
     fmt: OutputFormat = typer.Option(OutputFormat.JSON, "--format", "-f", help="json (default), table, csv or jsonl"),
 ) -> None:
     """Print a model spec, with its parameter counts."""
-    from perfcast.features.model import ModelSpec
+    from perfcast.features.model import TransformerSpec
 
     def run() -> None:
-        m = ModelSpec.load(name)
+        m = TransformerSpec.load(name)
         data = m.model_dump(mode="json")
         data["num_params"] = m.num_params
         data["num_active_params"] = m.num_active_params
