@@ -205,7 +205,10 @@ def _add_experts(
     over the tp ranks. Otherwise each rank routes its ``t/tp`` share; with ``etp > 1`` the
     dispatched tokens are all-gathered over the etp ranks before the expert GEMMs (split
     ``etp`` ways) and reduce-scattered after (timed in the ``ep`` group). Shared experts run
-    on all ``t`` tokens, split over tp.
+    on all ``t`` tokens, split over tp. The rank's ``t * top_k`` token copies are permuted
+    into expert order before the dispatch and weighted back into token order after the combine
+    (``moe.permute``, ``moe.unpermute``): memory-bound copies, timed as tensor-scalar multiplies
+    over the copies (one read and one write of each element).
     """
     scope, h = Scope.MOE_LAYER, model.hidden_size
     t = ctx.tokens if p.etp == p.tp else ctx.tokens // p.tp
@@ -232,6 +235,7 @@ def _add_experts(
         if model.gated_mlp:
             b.add("moe.shared_gate_mul", scope, Phase.FORWARD, OpType.MUL, rows=ctx.tokens, cols=fs)
         b.add("moe.shared_down", scope, Phase.FORWARD, dense, batch=1, m=ctx.tokens, k=fs, n=h)
+    b.add("moe.permute", scope, Phase.FORWARD, OpType.MUL, rows=sent, cols=h, scalar=True)
     exchange("moe.dispatch", OpType.ALLTOALL, p.ep, Group.EP, sent)
     etp_split = p.etp != p.tp
     if etp_split:
@@ -245,6 +249,7 @@ def _add_experts(
     if etp_split:
         exchange("moe.etp_scatter", OpType.REDUCESCATTER, p.etp, EXPERT_TP, routed)
     exchange("moe.combine", OpType.ALLTOALL, p.ep, Group.EP, sent)
+    b.add("moe.unpermute", scope, Phase.FORWARD, OpType.MUL, rows=sent, cols=h, scalar=True)
 
 
 def _overlap_tp_forward(b: NodeBuilder, ids: list[int]) -> None:
