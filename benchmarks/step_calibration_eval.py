@@ -26,11 +26,11 @@ and k: mean over seeds of MAPE and of coverage; where the screening refuses ever
 (measured/predicted beyond the calibration's bound) the prediction stays uncalibrated.
 
 The floor of any calibration that rescales the composed step's parts: per source and per
-(source, GPU) cluster of at least 8 runs, a non-negative factor per breakdown part
-(``compute``, ``attention``, ``bubble``, ``optimizer``, ``dp_sync`` and each ``comm_*``)
-fitted on *all* its runs at once (least squares of the relative error, in sample), beside
-the best single factor (the median measured/composed ratio). No few-shot correction of those
-parts can beat this floor on the same runs.
+(source, GPU) cluster of at least 8 runs, the non-negative factor per breakdown part (every
+part of :data:`~perfcast.models.component_factors.COMPONENT_PARTS`) that minimises the MAPE
+of *all* its runs at once (a linear program, in sample), beside the one factor that does.
+No correction that rescales those parts, fitted on any number of the runs, beats this floor
+on the same runs.
 
 Writes ``benchmarks/results/step_calibration_eval.json`` and ``.md``.
 
@@ -50,6 +50,7 @@ import pandas as pd
 
 from perfcast.errors import SpecError
 from perfcast.models.bundle import load_bundle
+from perfcast.models.component_factors import COMPONENT_PARTS
 from perfcast.models.composer import StepComposer
 from perfcast.models.step_calibration import fit_step_correction
 from perfcast.training.metrics import interval_coverage, mape
@@ -216,33 +217,52 @@ def loso_markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-BREAKDOWN_PARTS = ("compute", "attention", "bubble", "optimizer", "dp_sync", "comm_tp", "comm_pp", "comm_cp",
-                   "comm_dp", "comm_ep")  # fmt: skip
-"""The composed breakdown columns (``<part>_ms``) the floor fits a factor for."""
+BREAKDOWN_PARTS: tuple[str, ...] = tuple(p for parts in COMPONENT_PARTS.values() for p in parts)
+"""The composed breakdown parts (columns ``<part>_ms``) the floor fits a factor for: every part of
+every component of the step (:data:`~perfcast.models.component_factors.COMPONENT_PARTS`)."""
+
+
+def min_mape_factors(parts: np.ndarray, true: np.ndarray) -> np.ndarray:
+    """Non-negative factors ``f`` minimising the mean of ``|parts @ f / true - 1|`` (a linear program)."""
+    from scipy.optimize import linprog
+    from scipy.sparse import eye, hstack, vstack
+
+    scaled = parts / true[:, None]
+    n, p = scaled.shape
+    slack = eye(n, format="csr")
+    bounds_ub = vstack([hstack([scaled, -slack]), hstack([-scaled, -slack])])  # |scaled @ f - 1| <= u
+    cost = np.concatenate([np.zeros(p), np.full(n, 1.0 / n)])
+    result = linprog(cost, A_ub=bounds_ub, b_ub=np.concatenate([np.ones(n), -np.ones(n)]), bounds=(0, None),
+                     method="highs")  # fmt: skip
+    if not result.success:
+        raise RuntimeError(f"minimum-MAPE fit failed: {result.message}")
+    return result.x[:p]
 
 
 def factor_floor(table: StepTable) -> pd.DataFrame:
-    """Per source and (source, GPU) cluster of >= MIN_CLUSTER_RUNS runs: in-sample MAPE of the best
-    single factor and of non-negative per-part factors fitted on all the group's runs (module docstring)."""
-    from scipy.optimize import nnls
-
+    """Per source and (source, GPU) cluster of >= MIN_CLUSTER_RUNS runs: in-sample MAPE of the composed step,
+    of the one factor and of the non-negative per-part factors that minimise it (module docstring)."""
     runs = table.runs
-    parts = np.column_stack([runs[f"{p}_ms"].fillna(0.0).to_numpy(dtype=float) for p in BREAKDOWN_PARTS])
+    present = [p for p in BREAKDOWN_PARTS if f"{p}_ms" in runs]
+    parts = np.column_stack([runs[f"{p}_ms"].fillna(0.0).to_numpy(dtype=float) for p in present])
     true = runs["measured_step_ms"].to_numpy(dtype=float)
     composed = runs["step_ms"].to_numpy(dtype=float)
-    groups = {("source", s): (runs["source"] == s).to_numpy() for s in runs["source"].value_counts().index}
-    for (source, gpu), members in runs.groupby(["source", runs["gpu"].astype(str)]).groups.items():
-        if len(members) >= MIN_CLUSTER_RUNS:
-            groups[("cluster", f"{source} / {gpu}")] = runs.index.isin(members)
+    if not np.allclose(parts.sum(axis=1), composed, rtol=1e-6):
+        raise ValueError(f"the breakdown parts {present} do not add up to step_ms")
+    source, gpu = runs["source"].astype(str).to_numpy(), runs["gpu"].astype(str).to_numpy()
+    groups = {("source", s): source == s for s in runs["source"].value_counts().index}
+    for s, g in sorted(set(zip(source, gpu, strict=True))):
+        if ((source == s) & (gpu == g)).sum() >= MIN_CLUSTER_RUNS:
+            groups[("cluster", f"{s} / {g}")] = (source == s) & (gpu == g)
     rows = []
     for (pooling, name), mask in groups.items():
-        ratio = np.median(true[mask] / composed[mask])
-        factors, _ = nnls(parts[mask] / true[mask, None], np.ones(int(mask.sum())))
+        one = min_mape_factors(composed[mask, None], true[mask])
+        factors = min_mape_factors(parts[mask], true[mask])
         rows.append({"pooling": pooling, "group": name, "n_runs": int(mask.sum()),
                      "composed": mape(composed[mask], true[mask]),
-                     "one_factor": mape(ratio * composed[mask], true[mask]),
+                     "one_factor": mape(one[0] * composed[mask], true[mask]),
                      "part_factors": mape(parts[mask] @ factors, true[mask]),
-                     **{f"factor_{p}": float(f) for p, f in zip(BREAKDOWN_PARTS, factors, strict=True)}})  # fmt: skip
+                     **{f"factor_{p}": float(f) for p, f in zip(present, factors, strict=True)}})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -252,9 +272,9 @@ def floor_markdown(floor: pd.DataFrame) -> str:
         "",
         "## Floor of part-rescaling calibration (factors fitted on all of a group's runs, in sample)",
         "",
-        "MAPE % of the composed step, of the best single factor (median ratio) and of a non-negative factor "
-        "per breakdown part fitted on every run of the group at once: no few-shot calibration that rescales "
-        "the composed parts does better on these runs.",
+        "MAPE % of the composed step; of the one factor, and of the non-negative factor per breakdown part, "
+        "that minimise the group's MAPE with every run of the group known: no calibration that rescales the "
+        "composed step's parts does better on these runs, from any number of them.",
         "",
         "| pooling | group | runs | composed | one factor | per-part factors |",
         "|---|---|---:|---:|---:|---:|",

@@ -121,12 +121,20 @@ def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:
         # not torchtitan: left empty
         _NEMO + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,1,,256,,3,,,,bf16,H100 80GB,64,8,"
         "4096.0,,,,1F1B",
+        # 100 sequences over dp 8 and pp 8 do not split evenly: left empty
+        _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,1,,100,,3,,,,bf16,H100 80GB,64,8,"
+        "4096.0,,,,1F1B",
+        # a stated microbatch is kept
+        _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,1,8,8,1,,1,2,256,,3,,,,bf16,H100 80GB,64,8,"
+        "4096.0,,,,1F1B",
     ]
     rec = read_published_steps(_write(tmp_path, rows)).records
-    assert rec["micro_batch"].iloc[0] == 4 and rec["micro_batch"].iloc[1:].isna().all()
-    assert rec["defaulted_fields"].tolist() == ["micro_batch;gpu", "", ""]
+    assert rec["micro_batch"].iloc[0] == 4 and rec["micro_batch"].iloc[1:4].isna().all()
+    assert rec["micro_batch"].iloc[4] == 2
+    assert rec["defaulted_fields"].tolist() == ["micro_batch;gpu", "", "", "", ""]
     assert (rec["gpu"].iloc[0], rec["device_name"].iloc[0]) == (GPU_STAND_INS[board], board)
-    assert resolve_gpu_name(GPU_STAND_INS[board]) == GPU_STAND_INS[board]
+    for part in set(GPU_STAND_INS.values()):
+        assert resolve_gpu_name(part) == part
 
 
 def test_fixture_model_names(tmp_path: Path) -> None:

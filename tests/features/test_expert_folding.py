@@ -82,3 +82,22 @@ def test_etp_splits_expert_gemms_and_expert_state() -> None:
     m1 = peak_memory(MOE, layout(tp=2, dp=8, ep=8), cluster)
     m2 = peak_memory(MOE, layout(tp=2, dp=8, ep=8, etp=2), cluster)
     assert m2.weights_gib < m1.weights_gib
+
+
+def test_token_permutation_copies_the_routed_token_copies() -> None:
+    """moe.permute / moe.unpermute copy the rank's t/tp * top_k token copies (not the etp-gathered
+    ones), get a backward, stay unquantised under fp8 and are replayed under full recomputation."""
+    cluster = ClusterSpec.build(H100, 16)
+    p = layout(tp=4, dp=4, ep=4, etp=2, sequence_parallel=True, micro_batch=1)
+    nodes = build_workload_graph(MOE, p, cluster).nodes
+    tokens = MOE.seq_len // p.tp  # the rank's share: etp != tp
+    for name in ("moe.permute", "moe.unpermute"):
+        node = nodes[nodes["name"] == name].iloc[0]
+        assert (node["op"], node["rows"], node["cols"], bool(node["scalar"])) == ("mul", tokens * 2, 512, True)
+        assert nodes[nodes["name"] == f"{name}.bwd"]["backward"].astype(bool).all()
+    gather = nodes[nodes["name"] == "moe.etp_gather"].iloc[0]
+    assert gather["bytes"] == 2 * tokens * 2 * 512 * 2  # the etp gather moves twice the permuted copies
+    fp8 = build_workload_graph(MOE, layout(dp=8, ep=8, dtype="fp8"), ClusterSpec.build(H100, 8)).nodes
+    assert not fp8["name"].str.startswith("moe.permute.quantize").any()
+    full = build_workload_graph(MOE, layout(dp=8, ep=8, recompute="full"), ClusterSpec.build(H100, 8)).nodes
+    assert full["name"].str.fullmatch(r"moe\.permute\.recompute").any()

@@ -205,10 +205,13 @@ def _add_experts(
     over the tp ranks. Otherwise each rank routes its ``t/tp`` share; with ``etp > 1`` the
     dispatched tokens are all-gathered over the etp ranks before the expert GEMMs (split
     ``etp`` ways) and reduce-scattered after (timed in the ``ep`` group). Shared experts run
-    on all ``t`` tokens, split over tp. The rank's ``t * top_k`` token copies are permuted
-    into expert order before the dispatch and weighted back into token order after the combine
-    (``moe.permute``, ``moe.unpermute``): memory-bound copies, timed as tensor-scalar multiplies
-    over the copies (one read and one write of each element).
+    on all ``t`` tokens, split over tp. The rank's token copies (``top_k`` per routed token) are
+    permuted into expert order before the dispatch and weighted back into token order after the
+    combine (``moe.permute``, ``moe.unpermute``, as Megatron-Core's token permutation does):
+    memory-bound copies, each timed as a tensor-scalar multiply over the copies (one read and
+    one write of each element; the unpermute's reduction writes fewer, so it is timed a little
+    long). The second sort that Megatron-Core makes when a rank holds several experts after an
+    etp gather is not modelled.
     """
     scope, h = Scope.MOE_LAYER, model.hidden_size
     t = ctx.tokens if p.etp == p.tp else ctx.tokens // p.tp
