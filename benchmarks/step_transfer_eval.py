@@ -51,7 +51,9 @@ of the 90% interval and its mean relative width ``(hi - lo) / pred``. The worst
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/step_transfer_eval.py
 [--data DIR] [--op-model BUNDLE] [--out PREFIX] [--before EARLIER.json]
-Writes ``benchmarks/results/step_transfer_eval.md`` and ``.json``.
+Writes ``benchmarks/results/step_transfer_eval.md`` and ``.json``, and
+``step_transfer_eval_loso_runs.csv``: every run with its held-out (leave-one-source-out)
+prediction by the shipped step model, the composed step and the constant MFU, in ms.
 """
 
 from __future__ import annotations
@@ -176,8 +178,19 @@ def predictors(
     return out
 
 
-def evaluate(table: StepTable, variants: dict[str, dict[str, Any]], log: Callable[[str], None]) -> pd.DataFrame:
-    """One row per (split, test group, predictor) and per (…, source, gpu) cell: the metrics."""
+RUN_COLUMNS_SHOWN = ("source", "model_name", "num_layers", "hidden_size", "num_experts", "seq_len", "tp", "pp", "dp",
+                     "cp", "ep", "micro_batch", "global_batch", "recompute", "finetune", "dtype", "num_gpus",
+                     "framework_group", "defaulted_fields", "measured_step_ms")  # fmt: skip
+"""Run-table columns of the per-run leave-one-source-out file (``<out>_loso_runs.csv``)."""
+RUN_PREDICTORS_SHOWN = ("gbdt(scale=0.5)+bound", "composed", "mfu_fit")
+"""Predictors whose held-out predictions the per-run file keeps (ms; with the interval where there is one)."""
+
+
+def evaluate(
+    table: StepTable, variants: dict[str, dict[str, Any]], log: Callable[[str], None]
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One row per (split, test group, predictor) and per (…, source, gpu) cell: the metrics; and one row
+    per run of the ``loso`` split: its run-table columns and each :data:`RUN_PREDICTORS_SHOWN` prediction."""
     runs = table.runs
     scopes = runs["timing_scope"].astype(str).tolist()
     flops, peak = model_flops(table.configs, scopes), peak_flops(table.configs)
@@ -185,6 +198,8 @@ def evaluate(table: StepTable, variants: dict[str, dict[str, Any]], log: Callabl
     cell = (runs["source"].astype(str) + " / " + [c.cluster.gpu.id for c in table.configs]).to_numpy()
     fits = predictors(table, flops, peak, scopes, variants)
     rows = []
+    per_run = runs.loc[:, [c for c in RUN_COLUMNS_SHOWN if c in runs]].copy()
+    per_run.insert(1, "gpu", [c.cluster.gpu.id for c in table.configs])
     for split, train, tests in splits(table):
         test_all = np.logical_or.reduce(list(tests.values()))
         if not train.any() or not test_all.any():
@@ -192,6 +207,11 @@ def evaluate(table: StepTable, variants: dict[str, dict[str, Any]], log: Callabl
         start = time.perf_counter()
         preds = {name: fit(train, test_all) for name, fit in fits.items()}
         log(f"{split}: train {int(train.sum())}, test {int(test_all.sum())} in {time.perf_counter() - start:.1f} s")
+        if split == "loso":
+            for name in RUN_PREDICTORS_SHOWN:
+                for suffix, values in zip(("ms", "lo_ms", "hi_ms"), preds[name], strict=True):
+                    if values is not None:
+                        per_run.loc[test_all, f"{name}_{suffix}"] = values
         for group, mask in tests.items():
             if not mask.any():
                 continue
@@ -204,7 +224,7 @@ def evaluate(table: StepTable, variants: dict[str, dict[str, Any]], log: Callabl
                 for c in sorted(set(cell[mask])):
                     sub = cell[mask] == c
                     rows.append({**base, "cell": c, **_metrics(p[sub], true[sub], _take(lo_, sub), _take(hi_, sub))})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), per_run
 
 
 def _fmt(value: float, pct: bool = False) -> str:
@@ -303,7 +323,7 @@ def main() -> None:
     table = build_step_table(runs, StepComposer(bundle, bundle.collective_model))
     log(f"composed {len(table.runs)} of {len(runs)} runs ({len(table.errors)} not valid configs)")
     variants = {"gbdt": {}, "gbdt(scale=0.5)": {"correction_scale": 0.5}, "factors": {"correction_scale": 0.0}}
-    result = evaluate(table, variants, log)
+    result, per_run = evaluate(table, variants, log)
     shown = ["gbdt", "gbdt+bound", "gbdt(scale=0.5)+bound", "factors+bound", "composed", "mfu_fit", "mfu_40"]
     grid = ["gbdt+bound", *(f"gbdt+bound x{g:g}" for g in SHRINK_GRID)]
     groups = result[(result["cell"] == "") & result["predictor"].isin(grid)]
@@ -339,6 +359,7 @@ def main() -> None:
     payload = {"rows": result.to_dict("records"), "summary": summary.to_dict("records"),
                "sources": counts.reset_index().to_dict("records"), "seconds": time.perf_counter() - start}  # fmt: skip
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=float))
+    per_run.round(3).to_csv(args.out.with_name(f"{args.out.name}_loso_runs.csv"), index=False)
     log(f"wrote {args.out.with_suffix('.md')}")
 
 

@@ -239,8 +239,8 @@ def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.nd
     """Fill ``micro_batch`` of torchtitan rows with pipeline stages (module docstring); True where filled.
 
     torchtitan's ``pipeline_parallel_microbatches`` defaulted to the number of pipeline stages at
-    the late-2024 commits these rows cite; with one stage per rank (``vpp`` 1) that is ``pp``. Rows whose local batch does not split
-    evenly, or with interleaved stages, stay empty.
+    the late-2024 commits these rows cite; with one stage per rank (``vpp`` 1) that is ``pp``.
+    Rows whose local batch does not split evenly, or with interleaved stages, stay empty.
     """
     num = {c: out[c].to_numpy(dtype=float, na_value=np.nan) for c in ("global_batch", "dp", "pp", "vpp", "micro_batch")}
     with np.errstate(invalid="ignore", divide="ignore"):
