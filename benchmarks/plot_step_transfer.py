@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcast.training.metrics import ape
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "step_transfer_eval_loso_runs.csv"
 OUT = ROOT / "benchmarks" / "results" / "step_transfer_loso.png"
@@ -32,8 +34,8 @@ PANELS = (
 
 def mean_source_mape(runs: pd.DataFrame, column: str) -> float:
     """Mean over sources of each source's MAPE of ``column`` against the measured step, percent."""
-    ape = (runs[column] - runs["measured_step_ms"]).abs() / runs["measured_step_ms"] * 100
-    return float(ape.groupby(runs["source"]).mean().mean())
+    errors = pd.Series(ape(runs[column], runs["measured_step_ms"]), index=runs.index)
+    return float(errors.groupby(runs["source"]).mean().mean())
 
 
 def plot(runs: pd.DataFrame, out: Path) -> None:

@@ -20,6 +20,14 @@ REASON_COLUMN = "reason"
 """Column of :attr:`ReadResult.rejected` that says why a row was rejected."""
 
 
+def name_defaulted(defaulted: pd.Series, rows: np.ndarray, field: str) -> pd.Series:
+    """``defaulted`` (per record, the ``;``-separated names of the fields a default filled; empty
+    or NA for none) with ``field`` appended on the boolean ``rows``; the other rows unchanged."""
+    current = defaulted.astype(object)
+    named = current.fillna("").astype(str).map(lambda v: f"{v};{field}" if v else field)
+    return current.where(~np.asarray(rows, dtype=bool), named)
+
+
 @dataclass(frozen=True)
 class ReadResult:
     """What a reader returns: the accepted records and the rejected source rows.

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast._optional import require
+from perfcast.data.records import name_defaulted
 from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
 from perfcast.features.model import TransformerSpec
@@ -169,8 +170,7 @@ def _fill_gated_mlp(records: pd.DataFrame) -> pd.DataFrame:
         return records
     out = records.assign(gated_mlp=stated.astype(object).where(~fill, True))
     before = out["defaulted_fields"] if "defaulted_fields" in out else pd.Series(pd.NA, index=out.index, dtype=object)
-    named = before.fillna("").astype(str).map(lambda v: f"{v};gated_mlp" if v else "gated_mlp")
-    out["defaulted_fields"] = before.astype(object).where(~fill, named)
+    out["defaulted_fields"] = name_defaulted(before, fill.to_numpy(dtype=bool), "gated_mlp")
     return out
 
 

@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.data.records import ReadResult, RejectionReasons
+from perfcast.data.records import ReadResult, RejectionReasons, name_defaulted
 from perfcast.data.schema import RUN_INT_COLUMNS, RUN_RECORD_REQUIRED, TimingScope
 from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
 from perfcast.errors import DatasetError
@@ -226,13 +226,8 @@ def _preset_fills(out: pd.DataFrame, model: pd.Series) -> pd.Series:
         use = out[field].isna() & value.notna()
         if use.any():
             out.loc[use, field] = value[use].astype(float)
-            _name_default(filled, use.to_numpy(dtype=bool), field)
+            filled = name_defaulted(filled, use.to_numpy(dtype=bool), field)
     return filled
-
-
-def _name_default(defaulted: pd.Series, rows: np.ndarray, field: str) -> None:
-    """Append ``field`` to the ``;``-separated ``defaulted`` names of ``rows``, in place."""
-    defaulted[rows] = np.where(defaulted[rows] == "", field, defaulted[rows] + ";" + field)
 
 
 def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.ndarray:
@@ -266,7 +261,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
         out[col] = text[col].astype(object).where(text[col].notna(), None)
     defaulted = _preset_fills(out, text["model"])
     frameworks = tables.map(lambda t: t[1])
-    _name_default(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
+    defaulted = name_defaulted(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
     out["model_name"] = out["model"]
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
     unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
@@ -286,8 +281,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     out["device_name"] = out["gpu"]
     stand_in = out["gpu"].map(GPU_STAND_INS)
     out["gpu"] = stand_in.where(stand_in.notna(), out["gpu"])
-    _name_default(defaulted, stand_in.notna().to_numpy(), "gpu")
-    out["defaulted_fields"] = defaulted
+    out["defaulted_fields"] = name_defaulted(defaulted, stand_in.notna().to_numpy(), "gpu")
     unknown = sorted(set(text["source"][out["framework"].isna()].astype(str)))
     if unknown:
         logger.info("published steps: no framework known for source(s) %s", "; ".join(unknown))
