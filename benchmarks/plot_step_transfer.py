@@ -19,13 +19,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import ape
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "benchmarks" / "results" / "step_transfer_eval_loso_runs.csv"
 OUT = ROOT / "benchmarks" / "results" / "step_transfer_loso.png"
 PANELS = (
-    ("gbdt(scale=0.5)+bound", "shipped step model"),
+    (f"gbdt(scale={DEFAULT_CORRECTION_SCALE:g})+bound", "shipped step model"),
     ("composed", "composed physics alone"),
     ("mfu_fit", "constant MFU (other sources)"),
 )

@@ -30,8 +30,9 @@ Predictors:
 * ``gbdt+bound``: the same, median and interval raised to the MFU-ceiling floor
   (:mod:`perfcast.models.physics_bounds`; ceiling = best measured MFU of the split's training
   runs per GPU generation and dtype, +10%);
-* ``gbdt(scale=0.5)+bound``: fitted with ``correction_scale=0.5`` (the log correction halved,
-  the scale that leave-one-source-out picks among 0, 0.25, 0.5, 0.75, 1), bounded;
+* ``gbdt(scale=S)+bound``: the shipped model, fitted with ``correction_scale=S``
+  (:data:`~perfcast.serve.cli.train_cmd.DEFAULT_CORRECTION_SCALE`, the share of the log
+  correction that leave-one-source-out picks among 0, 0.25, 0.5, 0.75, 1), bounded;
 * ``composed``: the composed step alone (op predictions through the schedule; its interval
   from the op intervals);
 * ``mfu_fit``: a constant MFU fitted on the training rows, the median of their measured MFU
@@ -61,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -72,6 +74,7 @@ import pandas as pd
 
 from perfcast.models.composer import StepComposer
 from perfcast.models.physics_bounds import apply_floor, gpu_generation, model_flops, peak_flops
+from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.serve.predictors import load_op_predictor
 from perfcast.training.metrics import summarize
 from perfcast.training.train_steps import StepTable, build_step_table, fit_step_model, load_runs, predict_rows
@@ -182,7 +185,9 @@ RUN_COLUMNS_SHOWN = ("source", "model_name", "num_layers", "hidden_size", "num_e
                      "cp", "ep", "micro_batch", "global_batch", "recompute", "finetune", "dtype", "num_gpus",
                      "framework_group", "defaulted_fields", "measured_step_ms")  # fmt: skip
 """Run-table columns of the per-run leave-one-source-out file (``<out>_loso_runs.csv``)."""
-RUN_PREDICTORS_SHOWN = ("gbdt(scale=0.5)+bound", "composed", "mfu_fit")
+SHIPPED = f"gbdt(scale={DEFAULT_CORRECTION_SCALE:g})"
+"""Name of the shipped step model's variant (fitted with the default ``correction_scale``)."""
+RUN_PREDICTORS_SHOWN = (f"{SHIPPED}+bound", "composed", "mfu_fit")
 """Predictors whose held-out predictions the per-run file keeps (ms; with the interval where there is one)."""
 
 
@@ -285,21 +290,27 @@ def summary_table(result: pd.DataFrame, predictors_shown: list[str]) -> pd.DataF
 
 
 def before_after(before_json: Path, result: pd.DataFrame, predictors_shown: list[str]) -> pd.DataFrame:
-    """Per loso source: ``before -> after`` MAPE of every shown predictor, and the half-correction's coverage."""
+    """Per loso source: ``before -> after`` MAPE of every shown predictor, and the shipped model's coverage.
+
+    The shipped variant is matched to the earlier run's shipped variant (``gbdt(scale=...)+bound``)
+    even where the shipped ``correction_scale`` has changed since.
+    """
     before = pd.DataFrame(json.loads(before_json.read_text())["rows"])
 
     def pick(frame: pd.DataFrame) -> pd.DataFrame:
         return frame[(frame["cell"] == "") & (frame["split"] == "loso")].set_index(["test_group", "predictor"])
 
     old, new = pick(before), pick(result)
+    earlier = sorted({p for p in old.index.get_level_values(1) if re.fullmatch(r"gbdt\(scale=[0-9.]+\)\+bound", p)})
+    renamed = {f"{SHIPPED}+bound": earlier[0]} if len(earlier) == 1 else {}
     rows = []
     for group in new.index.get_level_values(0).unique():
         row: dict[str, Any] = {"source": group, "n": int(new.loc[(group, predictors_shown[0]), "n"])}
         for name in predictors_shown:
-            was = old["mape"].get((group, name), float("nan"))
+            was = old["mape"].get((group, renamed.get(name, name)), float("nan"))
             row[name] = f"{_fmt(was)} -> {_fmt(new.loc[(group, name), 'mape'])}"
-        for name in ("gbdt(scale=0.5)+bound", "composed"):
-            was = old["coverage"].get((group, name), float("nan"))
+        for name in (f"{SHIPPED}+bound", "composed"):
+            was = old["coverage"].get((group, renamed.get(name, name)), float("nan"))
             row[f"coverage {name}"] = f"{_fmt(was, True)} -> {_fmt(new.loc[(group, name), 'coverage'], True)}"
         rows.append(row)
     return pd.DataFrame(rows)
@@ -322,9 +333,10 @@ def main() -> None:
     bundle = load_op_predictor(args.op_model)
     table = build_step_table(runs, StepComposer(bundle, bundle.collective_model))
     log(f"composed {len(table.runs)} of {len(runs)} runs ({len(table.errors)} not valid configs)")
-    variants = {"gbdt": {}, "gbdt(scale=0.5)": {"correction_scale": 0.5}, "factors": {"correction_scale": 0.0}}
+    variants = {"gbdt": {}, SHIPPED: {"correction_scale": DEFAULT_CORRECTION_SCALE},
+                "factors": {"correction_scale": 0.0}}  # fmt: skip
     result, per_run = evaluate(table, variants, log)
-    shown = ["gbdt", "gbdt+bound", "gbdt(scale=0.5)+bound", "factors+bound", "composed", "mfu_fit", "mfu_40"]
+    shown = ["gbdt", "gbdt+bound", f"{SHIPPED}+bound", "factors+bound", "composed", "mfu_fit", "mfu_40"]
     grid = ["gbdt+bound", *(f"gbdt+bound x{g:g}" for g in SHRINK_GRID)]
     groups = result[(result["cell"] == "") & result["predictor"].isin(grid)]
     selection = groups.pivot_table(index="predictor", columns="split", values="mape", aggfunc="mean").reindex(grid)
@@ -346,8 +358,8 @@ def main() -> None:
         "\n## Shrinking the learned correction (mean MAPE over test groups, each group equal)\n",
         "`gbdt+bound xS`: the fitted GBDT's log correction times S (post hoc, interval moved with "
         "the median); S is picked on `loso` alone, the other splits are reported once with it. "
-        "`gbdt(scale=0.5)` is the model fitted with `correction_scale=0.5` (its interval calibrated "
-        "on the scaled predictor).\n",
+        f"`{SHIPPED}` is the model fitted with `correction_scale={DEFAULT_CORRECTION_SCALE:g}` "
+        "(its interval calibrated on the scaled predictor).\n",
         _md_table(selection.reset_index()),
     ]
     if args.before is not None:

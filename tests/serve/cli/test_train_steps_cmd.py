@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from perfcast.models.bundle import load_bundle
 from perfcast.serve.batch import predict_steps_table
 from perfcast.serve.cli import app
+from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.serve.predictors import load_step_predictor
 
 runner = CliRunner()
@@ -128,9 +129,9 @@ def _serve_and_query(tracking_uri: str, model_uri: str, runs: pd.DataFrame, expe
         proc.wait(timeout=60)
 
 
-def test_the_default_applies_half_the_learned_correction(runs_csv: Path, tmp_path: Path) -> None:
-    out = tmp_path / "half"
+def test_the_default_applies_the_chosen_share_of_the_learned_correction(runs_csv: Path, tmp_path: Path) -> None:
+    out = tmp_path / "shipped-share"
     result = runner.invoke(app, ["train", "steps", "--runs", str(runs_csv), "-o", str(out), "--no-track",
                                  "--no-evaluate"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert load_bundle(out).step_model.correction_scale == 0.5
+    assert load_bundle(out).step_model.correction_scale == DEFAULT_CORRECTION_SCALE
