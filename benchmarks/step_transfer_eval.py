@@ -267,7 +267,7 @@ def markdown(result: pd.DataFrame, header: list[str], predictors_shown: list[str
     return "\n".join(lines) + "\n"
 
 
-def _md_table(frame: pd.DataFrame) -> str:
+def md_table(frame: pd.DataFrame) -> str:
     """A pipe table of ``frame`` (floats with two decimals)."""
     cells = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in frame.itertuples(index=False)]
     head = "| " + " | ".join(map(str, frame.columns)) + " |"
@@ -352,19 +352,19 @@ def main() -> None:
         "APE in percent; coverage and mean relative width of the 90% interval. MFU = model FLOPs "
         "(perfcast.models.analytic.model_flops_per_step) / (step * GPUs * dense peak at the dtype).\n",
         "## Rows per source\n",
-        _md_table(counts.reset_index()),
+        md_table(counts.reset_index()),
         "\n## Summary (n-weighted MAPE over test groups; worst group)\n",
-        _md_table(summary),
+        md_table(summary),
         "\n## Shrinking the learned correction (mean MAPE over test groups, each group equal)\n",
         "`gbdt+bound xS`: the fitted GBDT's log correction times S (post hoc, interval moved with "
         "the median); S is picked on `loso` alone, the other splits are reported once with it. "
         f"`{SHIPPED}` is the model fitted with `correction_scale={DEFAULT_CORRECTION_SCALE:g}` "
         "(its interval calibrated on the scaled predictor).\n",
-        _md_table(selection.reset_index()),
+        md_table(selection.reset_index()),
     ]
     if args.before is not None:
         header += ["\n## loso before -> after (`--before`; MAPE, coverage of the 90% interval)\n",
-                   _md_table(before_after(args.before, result, shown))]  # fmt: skip
+                   md_table(before_after(args.before, result, shown))]  # fmt: skip
     text = markdown(result, header, shown)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
