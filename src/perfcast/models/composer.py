@@ -404,14 +404,17 @@ def stack_attention_ms(ops: pd.DataFrame, ms: np.ndarray, gpus: Mapping[str, Any
     backward = ops["backward"].fillna(False).to_numpy(dtype=bool)
     eff = np.where(backward, ATTENTION_BACKWARD_EFFICIENCY, 1.0)
     out[attn] = out[attn] / eff[attn]
-    flops = ops["flops"].to_numpy(dtype=float)
-    for i in np.flatnonzero(attn):
-        gpu = gpus.get(ops["gpu"].iat[i])
+    rows = np.flatnonzero(attn)
+    keys = list(zip(ops["gpu"].to_numpy()[rows], ops["dtype"].to_numpy()[rows], strict=True))
+    ceiling_flops = {}  # (gpu, dtype) -> the ceiling's FLOP/s, each pair looked up once
+    for gpu_id, dtype in set(keys):
+        gpu = gpus.get(gpu_id)
         words = (getattr(gpu, "architecture", None) or "").split()
-        ceiling = PRE_FA3_ATTENTION_EFFICIENCY.get(words[0].lower() if words else "")
-        if ceiling is not None:
-            peak = gpu.peak_tflops(ops["dtype"].iat[i]) * 1e12
-            out[i] = max(out[i], flops[i] / (ceiling * eff[i] * peak) * 1e3)
+        eta = PRE_FA3_ATTENTION_EFFICIENCY.get(words[0].lower() if words else "")
+        ceiling_flops[(gpu_id, dtype)] = np.nan if eta is None else eta * gpu.peak_tflops(dtype) * 1e12
+    rate = np.array([ceiling_flops[k] for k in keys]) * eff[rows]
+    floor_ms = ops["flops"].to_numpy(dtype=float)[rows] / rate * 1e3
+    out[rows] = np.where(np.isnan(floor_ms), out[rows], np.fmax(out[rows], floor_ms))
     return out
 
 
