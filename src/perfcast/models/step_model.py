@@ -156,9 +156,12 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         factor_prior: strength of the pull of each factor toward 1 (see
             :class:`~perfcast.models.component_factors.ComponentFactors`).
         stack_factors: components of ``physical_factors`` whose factor departs per training
-            stack (hierarchical fit); empty for one global factor each.
+            stack (hierarchical fit); empty for one global factor each. Default: attention,
+            whose remaining gap follows the stack's attention kernels.
         stack_prior: strength of the pull of each stack's log departure toward the global
-            factor (same units as ``factor_prior``), > 0.
+            factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``.
+            Leave-one-source-out (shipped scale 0.75, bounded): group mean MAPE 17.1% with one
+            global attention factor, 12.5% with 0.01, 13.4% with 0.003, 14.5% with 0.001.
         correction_scale: factor on every row's learned log correction (the booster's, not
             the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
             its factors); the held-out residuals are those of the scaled
@@ -203,7 +206,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         ood_interval: str = "domain",
         physical_factors: tuple[str, ...] = ("attention",),
         factor_prior: float = 0.01,
-        stack_factors: tuple[str, ...] = (),
+        stack_factors: tuple[str, ...] = ("attention",),
         stack_prior: float = 0.01,
         correction_scale: float = 1.0,
         random_state: int = 0,
