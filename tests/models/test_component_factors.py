@@ -5,7 +5,14 @@ import pandas as pd
 import pytest
 
 from perfcast.errors import SpecError
-from perfcast.models.component_factors import COMPONENTS, FACTOR_RANGE, ComponentFactors, component_shares
+from perfcast.models.component_factors import (
+    COMPONENTS,
+    FACTOR_RANGE,
+    STACK_COLUMN,
+    ComponentFactors,
+    component_shares,
+    stack_labels,
+)
 
 
 def _runs(n: int = 300, seed: int = 0) -> pd.DataFrame:
@@ -49,6 +56,30 @@ def test_factors_stay_in_range_and_round_trip():
         ComponentFactors.from_dict({"memory": 1.0})
     with pytest.raises(ValueError, match="outside"):
         ComponentFactors.from_dict({"attention": 100.0})
+
+
+def test_stacks_depart_from_the_global_factor_and_an_unknown_stack_gets_the_global_one():
+    X = _runs(600)
+    stacks = np.array(["transformer-engine", "flash-attention-2"] * 300, dtype=object)
+    shares = component_shares(X, ("attention",))
+    truth = np.where(stacks == "flash-attention-2", 1.8, 1.0)
+    log_ratio = np.log1p(shares[:, 0] * (truth - 1))
+    kw = {"names": ("attention",), "prior": 0.0, "stacks": stacks, "stack_components": ("attention",)}
+    loose = ComponentFactors.fit(shares, log_ratio, **kw, stack_prior=1e-5)
+    assert loose.by_stack["transformer-engine"]["attention"] == pytest.approx(1.0, rel=0.01)
+    assert loose.by_stack["flash-attention-2"]["attention"] == pytest.approx(1.8, rel=0.01)
+    assert 1.0 < loose.factors["attention"] < 1.8  # the global factor sits between the stacks
+    tight = ComponentFactors.fit(shares, log_ratio, **kw, stack_prior=100.0)
+    assert tight.by_stack["flash-attention-2"]["attention"] == pytest.approx(tight.factors["attention"], rel=0.01)
+    query = X.head(3).assign(**{STACK_COLUMN: ["flash-attention-2", None, "deepspeed"]})
+    k = [loose.of_stack(s)["attention"] for s in stack_labels(query)]
+    glob = loose.factors["attention"]
+    assert k == [loose.by_stack["flash-attention-2"]["attention"], glob, glob]
+    np.testing.assert_allclose(loose.log_scale(query), np.log1p(query["frac_attention"].to_numpy() * (np.array(k) - 1)))
+    assert ComponentFactors.from_dict(loose.to_dict()) == loose
+    assert loose.part_factors("flash-attention-2")["attention"] == loose.by_stack["flash-attention-2"]["attention"]
+    with pytest.raises(SpecError, match="stack_components"):
+        ComponentFactors.fit(shares, log_ratio, names=("attention",), stacks=stacks, stack_components=("compute",))
 
 
 def test_bad_inputs_name_the_problem():

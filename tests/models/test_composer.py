@@ -17,7 +17,14 @@ from perfcast.features.run_config import parse_run_row
 from perfcast.features.schedule import compose_step
 from perfcast.features.workload import SHAPE_COLUMNS, build_workload_graph
 from perfcast.models.analytic import AnalyticOpPredictor
-from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
+from perfcast.models.composer import (
+    ATTENTION_BACKWARD_EFFICIENCY,
+    PRE_FA3_ATTENTION_EFFICIENCY,
+    TIMING_SCOPES,
+    StepComposer,
+    composed_frame,
+    stack_attention_ms,
+)
 
 BASE = {"model": "gpt3-1.3b", "gpu": "a100-sxm4-80gb", "micro_batch": 2, "global_batch": 64, "dtype": "bf16"}
 LAYOUTS = [
@@ -208,7 +215,7 @@ def _composed_one_config_from_frames(config, timing_scope: str):
 def test_batched_composition_equals_the_per_config_frame_path():
     configs = [parse_run_row(row) for row in VARIED_ROWS]
     scopes = [TIMING_SCOPES[i % len(TIMING_SCOPES)] for i in range(len(configs))]
-    steps = StepComposer(SpyPredictor()).compose_many(configs, timing_scopes=scopes)
+    steps = StepComposer(SpyPredictor(), stack_attention=False).compose_many(configs, timing_scopes=scopes)
     for config, scope, step in zip(configs, scopes, steps, strict=True):
         median, lo, hi = _composed_one_config_from_frames(config, scope)
         assert step.breakdown == median
@@ -354,3 +361,37 @@ def test_uneven_split_is_slower_than_the_even_split_of_fewer_layers():
     assert ms[24] < ms[25] < ms[28]
     assert ms[25] > ms[24] + (ms[28] - ms[24]) / 4  # above an even 6.25 layers per stage
     assert ms[25] > 0.97 * ms[28]  # the 28-layer split's stages hold 7 layers too
+
+
+def test_stack_attention_slows_the_backward_and_caps_hopper_attention():
+    from perfcast.features.hardware import list_hardware
+    from perfcast.features.ops import op_flops
+
+    row = {"op": "attention", "batch": 1, "heads": 32, "kv_heads": 32, "seq_q": 8192, "seq_kv": 8192,
+           "head_dim": 128, "causal": True, "dtype": "bf16"}  # fmt: skip
+    ops = pd.DataFrame([{**row, "backward": False}, {**row, "backward": True},
+                        {"op": "gelu", "rows": 8192, "cols": 4096, "dtype": "bf16", "backward": False}])  # fmt: skip
+    ops["flops"] = op_flops(ops)
+    gpus = {g.id: g for g in list_hardware() if g.id in ("a100-sxm4-80gb", "h100-sxm5-80gb")}
+    fast = np.array([1e-3, 1e-3, 0.5])  # far faster than any kernel: the Hopper ceiling binds
+    a100 = stack_attention_ms(ops.assign(gpu="a100-sxm4-80gb"), fast, gpus)
+    np.testing.assert_allclose(a100, [1e-3, 1e-3 / ATTENTION_BACKWARD_EFFICIENCY, 0.5])
+    h100 = stack_attention_ms(ops.assign(gpu="h100-sxm5-80gb"), fast, gpus)
+    peak = gpus["h100-sxm5-80gb"].peak_tflops("bf16") * 1e12
+    eta = PRE_FA3_ATTENTION_EFFICIENCY["hopper"]
+    ceiling = eta * np.array([1.0, ATTENTION_BACKWARD_EFFICIENCY]) * peak
+    np.testing.assert_allclose(h100[:2], ops["flops"][:2] / ceiling * 1e3)
+    assert h100[2] == 0.5
+    slow = np.array([1e3, 1e3, 0.5])  # slower than the ceiling: only the backward's efficiency applies
+    np.testing.assert_allclose(stack_attention_ms(ops.assign(gpu="h100-sxm5-80gb"), slow, gpus)[:2],
+                               [1e3, 1e3 / ATTENTION_BACKWARD_EFFICIENCY])  # fmt: skip
+
+
+def test_stack_attention_is_off_for_the_analytic_roofline_and_on_for_measured_kernels():
+    assert not StepComposer(AnalyticOpPredictor()).stack_attention
+    assert StepComposer(SpyPredictor()).stack_attention
+    config = parse_run_row({**BASE, "gpu": "h100-sxm5-80gb", "dp": 8})
+    on, off = (StepComposer(SpyPredictor(), stack_attention=flag).compose(config) for flag in (True, False))
+    assert on.breakdown.attention_ms > off.breakdown.attention_ms
+    # the slower attention lengthens the step, by at most its own growth (the host floor may absorb some)
+    assert 0 < on.step_ms - off.step_ms <= on.breakdown.attention_ms - off.breakdown.attention_ms + 1e-9

@@ -244,3 +244,27 @@ def test_mfu_ceiling_saved_and_correction_scale(tmp_path):
     assert legacy.mfu_ceiling_ is None
     with pytest.raises(SpecError):
         StepTimeRegressor(correction_scale=1.5).fit(X, y)
+
+
+def test_per_stack_attention_factor_is_fitted_saved_and_read_from_the_stack_column(tmp_path):
+    from perfcast.models.component_factors import STACK_COLUMN
+
+    X, _, _ = _data()
+    rng = np.random.default_rng(3)
+    X["frac_attention"] = rng.uniform(0.1, 0.6, len(X))
+    stacks = np.array(["megatron-core", "torchtitan"] * (len(X) // 2), dtype=object)
+    k = np.where(stacks == "torchtitan", 1.8, 1.0)
+    y = np.exp(X["log_composed_step_ms"] + np.log1p(X["frac_attention"] * (k - 1)))
+    model = StepTimeRegressor(n_estimators=20, stack_factors=("attention",), stack_prior=1e-4)
+    model.fit(X.assign(**{STACK_COLUMN: stacks}), y.to_numpy())
+    by_stack = model.factors_.by_stack
+    assert by_stack["torchtitan"]["attention"] > 1.6 and by_stack["megatron-core"]["attention"] < 1.1
+    loaded = StepTimeRegressor._load_from(tmp_path, model._save_to(tmp_path))
+    assert loaded.stack_factors == ("attention",) and loaded.factors_ == model.factors_
+    query = X.head(2).assign(**{STACK_COLUMN: ["torchtitan", None]})
+    scale = loaded.factors_.log_scale(query)
+    k_query = np.array([by_stack["torchtitan"]["attention"], model.factors_.factors["attention"]])
+    np.testing.assert_allclose(scale, np.log1p(query["frac_attention"].to_numpy() * (k_query - 1)))
+    np.testing.assert_allclose(model.predict(query), loaded.predict(query))
+    with pytest.raises(SpecError, match="stack_factors"):
+        StepTimeRegressor(stack_factors=("compute",)).fit(X, y.to_numpy())

@@ -102,6 +102,29 @@ DEFAULT_FRAMEWORK = Framework.MEGATRON_DEEPSPEED
 """The framework of a row that names none: nothing overlapped, as perfcast composed every
 row before frameworks were a column (so the trained step correction stays valid)."""
 
+ATTENTION_KERNELS: dict[Framework, str] = {
+    Framework.MEGATRON_CORE: "transformer-engine",
+    Framework.TORCHTITAN: "flash-attention-2",
+    Framework.PYTORCH_FSDP: "flash-attention-2",
+}
+"""The attention kernels a framework's recipes run, where they are documented: Megatron-Core
+(NeMo, Megatron-Bridge) Transformer Engine's ``DotProductAttention`` (cuDNN fused attention);
+torchtitan ``torch.nn.functional.scaled_dot_product_attention``, whose CUDA flash backend is
+FlashAttention-2; Composer / llm-foundry (``attn_impl: flash``, the flash-attn 2 package) and
+NeMo AutoModel (Hugging Face models under SDPA) FlashAttention-2 as well. Megatron-DeepSpeed
+and DeepSpeed run whichever attention their flags pick, so they stay a stack of their own."""
+
+
+def attention_stack(framework: str | Framework) -> str:
+    """The training-stack label whose attention runs alike (:data:`ATTENTION_KERNELS`): the kernel
+    family of a framework that has a documented one, else the framework's value; a label no
+    spelling of :class:`Framework` reads (``pytorch-eager``) is returned as it is."""
+    try:
+        parsed = Framework.parse(framework)
+    except SpecError:
+        return str(framework)
+    return ATTENTION_KERNELS.get(parsed, parsed.value)
+
 _ZERO_STAGE = {
     Framework.MEGATRON_CORE: 1,
     Framework.MEGATRON_DEEPSPEED: 0,

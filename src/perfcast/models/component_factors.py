@@ -19,12 +19,26 @@ correction) of strength ``prior``: the penalty ``prior * (log k_c)^2`` is added 
 weighted mean squared log error (weights normalised to sum to 1). A component the rows do
 not exercise stays at 1, and each factor lies in :data:`FACTOR_RANGE`. (A user's few runs
 refine a predictor's factors through :mod:`perfcast.models.step_calibration`.)
+
+Training stacks: how far a stack's attention runs from the op table's kernels depends on
+its kernels (Transformer Engine's fused attention in NeMo / Megatron-Core runs near the
+table; the FlashAttention-2 kernels of the FSDP and torchtitan stacks about 1.7-1.8x slower
+on A100 and H100 alike), so one global factor fitted mostly on some stacks is wrong for the
+others. With ``stacks`` (a training-stack label per row, :data:`STACK_COLUMN`) and
+``stack_components``, :meth:`ComponentFactors.fit` fits a hierarchy: each listed
+component's factor of stack ``s`` is ``k_{c,s} = k_c \\cdot \\exp(\\delta_{c,s})``, the
+global ``k_c`` under the prior above and each departure ``\\delta_{c,s}`` under a Gaussian
+prior centred on 0 of strength ``stack_prior`` (penalty ``stack_prior * delta^2``, in the
+same units as ``prior``). A stack with few rows or little share of the component stays near
+the global factor; the global factor is then about the central value of the stacks, not
+the value of the stack with the most attention. A row whose stack is unknown (no label,
+or one no training row had) gets the global factors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,7 +47,15 @@ import pandas as pd
 from perfcast.errors import SpecError
 from perfcast.features.run_features import COMM_GROUPS
 
-__all__ = ["COMPONENTS", "COMPONENT_PARTS", "FACTOR_RANGE", "ComponentFactors", "breakdown_shares", "component_shares"]
+__all__ = [
+    "COMPONENTS",
+    "COMPONENT_PARTS",
+    "FACTOR_RANGE",
+    "STACK_COLUMN",
+    "ComponentFactors",
+    "breakdown_shares",
+    "component_shares",
+]
 
 COMPONENT_PARTS: dict[str, tuple[str, ...]] = {
     "attention": ("attention",),
@@ -49,6 +71,18 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
 """Component name -> the run-feature fractions of the composed step it scales."""
 FACTOR_RANGE = (0.25, 8.0)
 """Smallest and largest factor a fit may return (time multipliers)."""
+STACK_COLUMN = "stack"
+"""Column of a run-feature frame with each row's training-stack label
+(:func:`~perfcast.features.frameworks.attention_stack`: the attention kernels its framework
+runs, ``transformer-engine`` or ``flash-attention-2``, else the framework; None where unknown).
+Not a run feature (:data:`~perfcast.features.run_features.RUN_FEATURE_SPEC`): only the factors read it."""
+
+
+def stack_labels(X: pd.DataFrame) -> np.ndarray:
+    """Object array of each row's training-stack label (:data:`STACK_COLUMN`; None where absent or empty)."""
+    if STACK_COLUMN not in X:
+        return np.full(len(X), None, dtype=object)
+    return np.array([v if isinstance(v, str) and v else None for v in X[STACK_COLUMN]], dtype=object)
 
 
 def component_shares(X: pd.DataFrame, names: Sequence[str]) -> np.ndarray:
@@ -86,26 +120,37 @@ class ComponentFactors:
     """Fitted time multipliers per component of the composed step (see the module docstring).
 
     Attributes:
-        factors: component name (a key of :data:`COMPONENTS`) -> multiplier, > 0.
+        factors: component name (a key of :data:`COMPONENTS`) -> multiplier, > 0: the global
+            factors, those of a row whose training stack is unknown.
+        by_stack: training-stack label -> {component -> multiplier} for the stacks that depart
+            from the global factors (a hierarchical fit); components absent there take the global one.
     """
 
     factors: Mapping[str, float]
+    by_stack: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
         """The components, in order."""
         return tuple(self.factors)
 
-    def log_scale_of(self, shares: np.ndarray) -> np.ndarray:
-        """``log(1 + sum_c (k_c - 1) * shares[:, c])`` per row; ``shares`` as :func:`component_shares`."""
-        k = np.array([self.factors[n] for n in self.names], dtype=float)
-        if not len(k):
+    def of_stack(self, stack: str | None = None) -> dict[str, float]:
+        """Component -> factor of a row of training stack ``stack`` (the global factors for None or an unknown one)."""
+        return {**self.factors, **self.by_stack.get(stack, {})} if stack is not None else dict(self.factors)
+
+    def log_scale_of(self, shares: np.ndarray, stacks: Sequence[str | None] | None = None) -> np.ndarray:
+        """``log(1 + sum_c (k_c - 1) * shares[:, c])`` per row; ``shares`` as :func:`component_shares`,
+        ``k`` the factors of each row's stack (``stacks``; None: the global factors for every row)."""
+        shares = np.asarray(shares, dtype=float)
+        if not self.names:
             return np.zeros(len(shares))
-        return np.log1p(np.asarray(shares, dtype=float) @ (k - 1.0))
+        labels = [None] * len(shares) if stacks is None else list(stacks)
+        k = np.array([[f[n] for n in self.names] for f in (self.of_stack(s) for s in labels)], dtype=float)
+        return np.log1p(np.einsum("ij,ij->i", shares, k.reshape(len(shares), -1) - 1.0))
 
     def log_scale(self, X: pd.DataFrame) -> np.ndarray:
-        """The log multiplier of the composed step per row of run features ``X``."""
-        return self.log_scale_of(component_shares(X, self.names))
+        """The log multiplier of the composed step per row of run features ``X`` (stacks from :data:`STACK_COLUMN`)."""
+        return self.log_scale_of(component_shares(X, self.names), stack_labels(X))
 
     @classmethod
     def fit(
@@ -116,6 +161,9 @@ class ComponentFactors:
         names: Sequence[str],
         weights: np.ndarray | None = None,
         prior: float = 0.01,
+        stacks: Sequence[str | None] | None = None,
+        stack_components: Sequence[str] = (),
+        stack_prior: float = 0.01,
     ) -> ComponentFactors:
         """Factors that best explain ``log_ratio = log(measured / composed)`` (see the module docstring).
 
@@ -125,9 +173,14 @@ class ComponentFactors:
             names: the components, in the columns' order.
             weights: non-negative weight per row (default equal), normalised to sum to 1.
             prior: strength of the pull of each ``log k`` toward 0, >= 0.
+            stacks: training-stack label per row (None for unknown); with ``stack_components``,
+                each labelled stack gets its own departure from the global factors.
+            stack_components: components of ``names`` whose factor departs per stack.
+            stack_prior: strength of the pull of each stack's log departure toward 0 (toward
+                the global factor), > 0.
 
         Raises:
-            SpecError: mismatched shapes, negative weights or prior.
+            SpecError: mismatched shapes, negative weights or priors, stack components not in ``names``.
         """
         from scipy.optimize import least_squares
 
@@ -140,42 +193,82 @@ class ComponentFactors:
             raise SpecError(f"weights must be {len(target)} non-negative numbers")
         if prior < 0:
             raise SpecError(f"prior={prior!r} must be >= 0")
+        if stack_components and not stack_prior > 0:
+            raise SpecError(f"stack_prior={stack_prior!r} must be > 0")
+        stray = [c for c in stack_components if c not in names]
+        if stray:
+            raise SpecError(f"stack_components {stray} are not among the fitted components {list(names)}")
         lo, hi = np.log(FACTOR_RANGE)
-        start = np.zeros(len(names))
         if not len(names):
             return cls({})
         total = w.sum()
         if total <= 0:
             return cls(dict.fromkeys(names, 1.0))
+        labels = np.full(len(target), None, dtype=object) if stacks is None else np.asarray(stacks, dtype=object)
+        if labels.shape != target.shape:
+            raise SpecError(f"stacks has {labels.shape[0]} entries for {len(target)} rows")
+        known = sorted({s for s in labels if s is not None}) if stack_components else []
+        cols = [names.index(c) for c in stack_components]
+        # departure design: row i, stack departure j -> its column of shares (0 for other stacks or unknown)
+        row_stack = np.array([known.index(s) if s in known else -1 for s in labels])
+        n_global, n_dep = len(names), len(known) * len(cols)
         root_w = np.sqrt(w / total)
-        root_prior = np.sqrt(prior)
 
-        def residuals(theta: np.ndarray) -> np.ndarray:
-            scale = np.log1p(shares @ (np.exp(theta) - 1.0))
-            return np.concatenate([root_w * (scale - target), root_prior * (theta - start)])
+        def log_k(params: np.ndarray) -> np.ndarray:
+            k = np.tile(params[:n_global], (len(target), 1))
+            if n_dep:
+                dep = np.vstack([params[n_global:].reshape(len(known), len(cols)), np.zeros((1, len(cols)))])
+                k[:, cols] += dep[row_stack]
+            return k
 
-        theta = least_squares(residuals, start, bounds=(lo, hi)).x
-        return cls(dict(zip(names, np.exp(theta).tolist(), strict=True)))
+        def residuals(params: np.ndarray) -> np.ndarray:
+            scale = np.log1p(np.einsum("ij,ij->i", shares, np.exp(log_k(params)) - 1.0))
+            pulls = np.r_[np.sqrt(prior) * params[:n_global], np.sqrt(stack_prior) * params[n_global:]]
+            return np.concatenate([root_w * (scale - target), pulls])
 
-    def part_factors(self) -> dict[str, float]:
-        """Breakdown part (``attention``, ``comm_tp`` …) -> the factor of its component."""
-        return {part: factor for name, factor in self.factors.items() for part in COMPONENT_PARTS[name]}
+        bounds = (np.r_[np.full(n_global, lo), np.full(n_dep, lo - hi)],
+                  np.r_[np.full(n_global, hi), np.full(n_dep, hi - lo)])  # fmt: skip
+        params = least_squares(residuals, np.zeros(n_global + n_dep), bounds=bounds).x
+        glob = np.exp(params[:n_global])
+        dep = params[n_global:].reshape(len(known), len(cols))
+        by_stack = {
+            s: {names[c]: float(np.clip(glob[c] * np.exp(d), *FACTOR_RANGE)) for c, d in zip(cols, dep[j], strict=True)}
+            for j, s in enumerate(known)
+        }
+        return cls(dict(zip(names, glob.tolist(), strict=True)), by_stack)
 
-    def to_dict(self) -> dict[str, float]:
-        """JSON-able form (:meth:`from_dict` reverses it)."""
-        return {n: float(v) for n, v in self.factors.items()}
+    def part_factors(self, stack: str | None = None) -> dict[str, float]:
+        """Breakdown part (``attention``, ``comm_tp`` …) -> the factor of its component, for training
+        stack ``stack`` (the global factors for None or an unknown stack)."""
+        return {part: factor for name, factor in self.of_stack(stack).items() for part in COMPONENT_PARTS[name]}
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able form (:meth:`from_dict` reverses it): component -> factor, plus ``by_stack``
+        (stack -> component -> factor) for a hierarchical fit."""
+        out: dict[str, Any] = {n: float(v) for n, v in self.factors.items()}
+        if self.by_stack:
+            out["by_stack"] = {s: {n: float(v) for n, v in f.items()} for s, f in self.by_stack.items()}
+        return out
 
     @classmethod
     def from_dict(cls, data: Any) -> ComponentFactors:
         """Rebuild from :meth:`to_dict`; raises ValueError on unknown components or factors outside the range."""
         if not isinstance(data, Mapping):
             raise ValueError(f"component factors must be a mapping, got {type(data).__name__}")
-        out = {}
-        for name, value in data.items():
-            if name not in COMPONENTS:
-                raise ValueError(f"component {name!r} unknown")
-            v = float(value)
-            if not FACTOR_RANGE[0] <= v <= FACTOR_RANGE[1]:
-                raise ValueError(f"factor {name}={v} outside {FACTOR_RANGE}")
-            out[name] = v
-        return cls(out)
+
+        def checked(factors: Mapping[str, Any]) -> dict[str, float]:
+            out = {}
+            for name, value in factors.items():
+                if name not in COMPONENTS:
+                    raise ValueError(f"component {name!r} unknown")
+                v = float(value)
+                if not FACTOR_RANGE[0] <= v <= FACTOR_RANGE[1]:
+                    raise ValueError(f"factor {name}={v} outside {FACTOR_RANGE}")
+                out[name] = v
+            return out
+
+        by_stack = data.get("by_stack", {})
+        if not isinstance(by_stack, Mapping) or not all(isinstance(f, Mapping) for f in by_stack.values()):
+            raise ValueError("by_stack must map stack labels to component factors")
+        return cls(checked({k: v for k, v in data.items() if k != "by_stack"}),
+                   {str(s): checked(f) for s, f in by_stack.items()})  # fmt: skip

@@ -84,6 +84,7 @@ from perfcast.features.workload import (
     layers_per_rank,
     step_ops_key,
 )
+from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.predictor_protocol import OpPredictor
 
 __all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
@@ -181,6 +182,10 @@ class StepComposer:
             cluster (see the module docstring).
         coverage: interval coverage asked of the predictors (0.9 = the 90% interval).
         overlap_grad_reduce: hide the data-parallel sync behind the last backward.
+        stack_attention: time attention cores as the training stacks' kernels run them
+            (:func:`stack_attention_ms`), where the op predictor's times come from measured
+            kernels; ``None``: on unless the op predictor is the analytic roofline (no measured
+            kernel to correct, the physics alone). False keeps the op predictor's times.
     """
 
     def __init__(
@@ -190,6 +195,7 @@ class StepComposer:
         *,
         coverage: float = 0.9,
         overlap_grad_reduce: bool = False,
+        stack_attention: bool | None = None,
     ) -> None:
         if not 0.0 < coverage < 1.0:
             raise SpecError(f"coverage={coverage!r} must be in (0, 1)")
@@ -197,6 +203,9 @@ class StepComposer:
         self.collective_predictor = collective_predictor
         self.coverage = coverage
         self.overlap_grad_reduce = overlap_grad_reduce
+        self.stack_attention = (
+            not isinstance(op_predictor, AnalyticOpPredictor) if stack_attention is None else stack_attention
+        )
 
     def compose(self, config: RunConfig, *, timing_scope: str = "step") -> ComposedStep:
         """Composed step of one config (see :meth:`compose_many`)."""
@@ -363,7 +372,50 @@ class StepComposer:
                 pred[rows] = op_time_ms(ops.iloc[rows], clusters[key])
         lo = np.minimum(np.where(np.isnan(lo), pred, lo), pred)
         hi = np.maximum(np.where(np.isnan(hi), pred, hi), pred)
+        if self.stack_attention:
+            gpus = {c.gpu.id: c.gpu for c in clusters.values()}
+            pred, lo, hi = (stack_attention_ms(ops, t, gpus) for t in (pred, lo, hi))
         return pred[codes], lo[codes], hi[codes], ood[codes]
+
+
+ATTENTION_BACKWARD_EFFICIENCY = 63.0 / 73.0
+"""Attention backward's FLOP efficiency relative to its forward's: FlashAttention-2 reaches up
+to 73% of the A100's peak in the forward pass and up to 63% in the backward pass (Dao 2023,
+"FlashAttention-2", arXiv:2307.08691, section 4.1). The op tables hold forward attention only."""
+PRE_FA3_ATTENTION_EFFICIENCY = {"hopper": 0.35}
+"""Best forward FLOP efficiency (of the dtype's dense peak) of the attention kernels training stacks
+ran on a generation where the op table's kernels are faster: on Hopper, FlashAttention-2 (and
+PyTorch SDPA's flash backend, which is FlashAttention-2) uses no wgmma/TMA and "achieves only 35%
+utilization on H100" (Shah et al. 2024, "FlashAttention-3", arXiv:2407.08608, abstract), while the
+H200 op table (PyTorch 2.11 SDPA, a FlashAttention-3-class kernel) runs causal forward attention at
+55-60% of the peak. The backward's ceiling is this times :data:`ATTENTION_BACKWARD_EFFICIENCY`."""
+
+
+def stack_attention_ms(ops: pd.DataFrame, ms: np.ndarray, gpus: Mapping[str, Any]) -> np.ndarray:
+    """Attention-core times ``ms`` (aligned with ``ops``; other rows unchanged) as a training
+    stack's kernels take them: a backward row is slower per FLOP than the forward the op table
+    measured (:data:`ATTENTION_BACKWARD_EFFICIENCY`), and on a generation of
+    :data:`PRE_FA3_ATTENTION_EFFICIENCY` no row runs above that efficiency of its dtype's dense
+    peak (``gpus``: GPU id -> :class:`~perfcast.features.hardware_spec.HardwareSpec`)."""
+    attn = (ops["op"] == OpType.ATTENTION.value).to_numpy()
+    if not attn.any():
+        return ms
+    out = np.asarray(ms, dtype=float).copy()
+    backward = ops["backward"].fillna(False).to_numpy(dtype=bool)
+    eff = np.where(backward, ATTENTION_BACKWARD_EFFICIENCY, 1.0)
+    out[attn] = out[attn] / eff[attn]
+    rows = np.flatnonzero(attn)
+    keys = list(zip(ops["gpu"].to_numpy()[rows], ops["dtype"].to_numpy()[rows], strict=True))
+    ceiling_flops = {}  # (gpu, dtype) -> the ceiling's FLOP/s, each pair looked up once
+    for gpu_id, dtype in set(keys):
+        gpu = gpus.get(gpu_id)
+        words = (getattr(gpu, "architecture", None) or "").split()
+        eta = PRE_FA3_ATTENTION_EFFICIENCY.get(words[0].lower() if words else "")
+        ceiling_flops[(gpu_id, dtype)] = np.nan if eta is None else eta * gpu.peak_tflops(dtype) * 1e12
+    rate = np.array([ceiling_flops[k] for k in keys]) * eff[rows]
+    floor_ms = ops["flops"].to_numpy(dtype=float)[rows] / rate * 1e3
+    out[rows] = np.where(np.isnan(floor_ms), out[rows], np.fmax(out[rows], floor_ms))
+    return out
 
 
 def _join(parts: Sequence[Mapping[str, np.ndarray]], names: Sequence[str] = NODE_COLUMNS) -> dict[str, np.ndarray]:

@@ -16,6 +16,12 @@ of the composed step, ``physical_factors``, fitted first with sources weighed as
 booster's fit); the booster learns what is left. Unlike the booster's correction the
 factors apply to every row whole: a factor states how a training stack's part of the
 step relates to its kernels, and it extrapolates as the component's share does.
+With ``stack_factors`` the listed components' factors are fitted per training stack, each
+stack's departure from the global factor shrunk toward it by ``stack_prior``
+(:class:`~perfcast.models.component_factors.ComponentFactors`); the stack of a row is
+the column :data:`~perfcast.models.component_factors.STACK_COLUMN` of ``X`` (training rows:
+their ``framework_group``; a query: the framework it states), and a row without one, or
+with a stack no training row had, gets the global factor.
 
 Features: by default every run feature except those that grow with the cluster
 (:data:`SCALE_FEATURES`: GPU and node counts, data-parallel degree, global batch,
@@ -95,7 +101,7 @@ from perfcast.features.run_features import (
     RUN_FEATURE_SPEC,
     RUN_FEATURE_SPEC_VERSION,
 )
-from perfcast.models.component_factors import COMPONENTS, ComponentFactors, component_shares
+from perfcast.models.component_factors import COMPONENTS, ComponentFactors, component_shares, stack_labels
 from perfcast.models.intervals import check_coverage, straddle_zero, weighted_conformal_bounds
 from perfcast.models.physics_bounds import MFUCeiling
 
@@ -149,6 +155,12 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             factor before the booster; empty for none.
         factor_prior: strength of the pull of each factor toward 1 (see
             :class:`~perfcast.models.component_factors.ComponentFactors`).
+        stack_factors: components of ``physical_factors`` whose factor departs per training
+            stack (hierarchical fit); empty for one global factor each. Default: attention,
+            whose remaining gap follows the stack's attention kernels.
+        stack_prior: strength of the pull of each stack's log departure toward the global
+            factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``
+            (leave-one-source-out preferred it to 0.003 and 0.001 and to one global factor).
         correction_scale: factor on every row's learned log correction (the booster's, not
             the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
             its factors); the held-out residuals are those of the scaled
@@ -193,6 +205,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         ood_interval: str = "domain",
         physical_factors: tuple[str, ...] = ("attention",),
         factor_prior: float = 0.01,
+        stack_factors: tuple[str, ...] = ("attention",),
+        stack_prior: float = 0.01,
         correction_scale: float = 1.0,
         random_state: int = 0,
         n_jobs: int = 1,
@@ -211,6 +225,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.ood_interval = ood_interval
         self.physical_factors = physical_factors
         self.factor_prior = factor_prior
+        self.stack_factors = stack_factors
+        self.stack_prior = stack_prior
         self.correction_scale = correction_scale
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -255,6 +271,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         unknown = [c for c in self.physical_factors if c not in COMPONENTS]
         if unknown:
             raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
+        stray = [c for c in self.stack_factors if c not in self.physical_factors]
+        if stray:
+            raise SpecError(f"stack_factors {stray} are not among physical_factors {list(self.physical_factors)}")
         names = self._feature_names(X)
         target = self._log_ratio(X, y)
         weights = np.ones(len(target)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
@@ -271,37 +290,44 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             raise SpecError(f"domain_groups has {domains.shape[0]} entries for {len(target)} rows")
         data = X.loc[:, names].to_numpy(dtype=float)
         shares = component_shares(X, self.physical_factors)
+        stacks = stack_labels(X)
         check = np.isin(names, DOMAIN_FEATURES)
         rng = np.random.default_rng(self.random_state)
         fold_of_group = rng.permutation(len(unique)) % min(self.n_calibration_folds, len(unique))
         folds = fold_of_group[np.searchsorted(unique, labels)]
-        self.residuals_, self.residual_weights_ = self._held_out_scores(data, shares, target, weights, folds, check)
+        self.residuals_, self.residual_weights_ = self._held_out_scores(
+            data, shares, stacks, target, weights, folds, check
+        )
         self.domain_residuals_, self.domain_residual_weights_ = np.empty(0), np.empty(0)
         if domains is not None and len(np.unique(domains)) >= 2:
             domain_folds = np.searchsorted(np.unique(domains), domains)
             self.domain_residuals_, self.domain_residual_weights_ = self._held_out_scores(
-                data, shares, target, weights, domain_folds, check
+                data, shares, stacks, target, weights, domain_folds, check
             )
         self.feature_names_ = names
         releases = X[RELEASE_COLUMN].to_numpy(dtype=float) if RELEASE_COLUMN in names else np.empty(0)
         self.latest_release_ = float(np.nanmax(releases)) if np.isfinite(releases).any() else float("nan")
         self.domain_features_ = tuple(names[i] for i in np.flatnonzero(check))
         self.feature_ranges_ = _ranges(data[:, check])
-        self.factors_ = self._fit_factors(shares, target, weights)
-        self.booster_ = self._train(data, target - self.factors_.log_scale_of(shares), weights)
+        self.factors_ = self._fit_factors(shares, stacks, target, weights)
+        self.booster_ = self._train(data, target - self.factors_.log_scale_of(shares, stacks), weights)
         self.n_features_in_ = len(names)
         self.mfu_ceiling_ = mfu_ceiling
         return self
 
-    def _fit_factors(self, shares: np.ndarray, target: np.ndarray, weights: np.ndarray) -> ComponentFactors:
+    def _fit_factors(
+        self, shares: np.ndarray, stacks: np.ndarray, target: np.ndarray, weights: np.ndarray
+    ) -> ComponentFactors:
         return ComponentFactors.fit(
-            shares, target, names=self.physical_factors, weights=weights, prior=self.factor_prior
-        )
+            shares, target, names=self.physical_factors, weights=weights, prior=self.factor_prior,
+            stacks=stacks, stack_components=self.stack_factors, stack_prior=self.stack_prior,
+        )  # fmt: skip
 
     def _held_out_scores(
         self,
         data: np.ndarray,
         shares: np.ndarray,
+        stacks: np.ndarray,
         target: np.ndarray,
         weights: np.ndarray,
         folds: np.ndarray,
@@ -312,8 +338,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         residuals = np.empty(len(target))
         for k in np.unique(folds):
             held = folds == k
-            factors = self._fit_factors(shares[~held], target[~held], weights[~held])
-            base = factors.log_scale_of(shares)
+            factors = self._fit_factors(shares[~held], stacks[~held], target[~held], weights[~held])
+            base = factors.log_scale_of(shares, stacks)
             booster = self._train(data[~held], target[~held] - base[~held], weights[~held])
             distance = self._distance(data[held][:, check], _ranges(data[~held][:, check]))
             correction = self._shrink(self._raw(booster, data[held]), distance)
@@ -441,6 +467,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         params = self.get_params()
         params["features"] = list(params["features"]) if params["features"] is not None else None
         params["physical_factors"] = list(params["physical_factors"])
+        params["stack_factors"] = list(params["stack_factors"])
         return {
             "params": params,
             "run_feature_spec_version": RUN_FEATURE_SPEC_VERSION,
@@ -473,6 +500,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             if params.get("features") is not None:
                 params["features"] = tuple(params["features"])
             params["physical_factors"] = tuple(params["physical_factors"])
+            params["stack_factors"] = tuple(params.get("stack_factors", ()))
             model = cls(**params)
             model.feature_names_ = tuple(meta["feature_names"])
             model.residuals_ = np.asarray(meta["residuals"], dtype=float)

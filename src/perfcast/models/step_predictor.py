@@ -20,7 +20,8 @@ equals the ceiling.
 Breakdown rule: the parts of the composed step (compute, attention, exposed communication
 per group, bubble, data-parallel sync, optimizer) are first multiplied by the step model's
 physical factor of their component (:mod:`perfcast.models.component_factors`; attention
-by default), then all scaled alike so they add up to the predicted step;
+by default; the factor of the framework a config states where the step model fits them
+per training stack, else the global one), then all scaled alike so they add up to the predicted step;
 ``composed_step_ms`` keeps the uncorrected sum.
 """
 
@@ -34,13 +35,15 @@ import pandas as pd
 
 from perfcast._optional import require
 from perfcast.errors import SpecError
+from perfcast.features.frameworks import attention_stack
 from perfcast.features.run_config import RunConfig
 from perfcast.features.run_features import featurize_runs
+from perfcast.models.component_factors import STACK_COLUMN
 from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.predictor_protocol import OpPredictor
 
-__all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "step_model_inputs"]
+__all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "stated_stacks", "step_model_inputs"]
 
 COMPOSED_COLUMN = "composed_step_ms"
 OUT_OF_DOMAIN_COLUMN = "out_of_domain"
@@ -49,15 +52,30 @@ step: some op of it does)."""
 _STEP_COLUMNS = ("step_ms", "step_lo_ms", "step_hi_ms")
 
 
+def stated_stacks(configs: Sequence[RunConfig]) -> list[str | None]:
+    """Training-stack label of each config: that of the ``framework`` it states
+    (:func:`~perfcast.features.frameworks.attention_stack`), None where it states none (the
+    parser's default framework is not a statement about the stack's kernels)."""
+    return [None if "framework" in c.defaulted else attention_stack(c.parallel.framework) for c in configs]
+
+
+def query_features(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.DataFrame:
+    """Run features of queried configs plus their stated stack (:data:`STACK_COLUMN`, read by the physical factors)."""
+    X = featurize_runs(configs, composed)
+    X[STACK_COLUMN] = pd.Series(stated_stacks(configs), index=X.index, dtype=object)
+    return X
+
+
 def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[ComposedStep]) -> Any:
-    """What ``model.predict`` takes for these configs: run features, or step graphs for a GNN
-    (a step model says which through its ``inputs`` class attribute)."""
+    """What ``model.predict`` takes for these configs: run features with the stated stack
+    (:func:`query_features`), or step graphs for a GNN (a step model says which through its
+    ``inputs`` class attribute)."""
     if getattr(model, "inputs", "run_features") == "graphs":
         require("torch", "torch_geometric", purpose="a GNN step model")
         from perfcast.models.gnn import step_graphs
 
         return step_graphs(configs, steps)
-    return featurize_runs(configs, composed_frame(steps))
+    return query_features(configs, composed_frame(steps))
 
 
 class StepPredictor:
@@ -120,7 +138,7 @@ class StepPredictor:
             frame, out_of_domain = composer.compose_table(configs)
         composed = frame["step_ms"].to_numpy(dtype=float)
         if self.step_model is not None:
-            X = step_model_inputs(self.step_model, configs, steps) if needs_graphs else featurize_runs(configs, frame)
+            X = step_model_inputs(self.step_model, configs, steps) if needs_graphs else query_features(configs, frame)
             pred = np.asarray(self.step_model.predict(X), dtype=float)
             interval = np.asarray(self.step_model.predict_interval(X, coverage=coverage), dtype=float)
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]
@@ -132,9 +150,12 @@ class StepPredictor:
         )
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
         factors = getattr(self.step_model, "factors_", None)
-        for part, factor in ({} if factors is None else factors.part_factors()).items():
-            if f"{part}_ms" in frame:  # a part the step model's physical factors scale: its own share first
-                frame[f"{part}_ms"] = frame[f"{part}_ms"] * factor
+        if factors is not None:  # parts the step model's physical factors scale: their own share first
+            stacks = stated_stacks(configs)
+            per_stack = {s: factors.part_factors(s) for s in set(stacks)}
+            for part in factors.part_factors():
+                if f"{part}_ms" in frame:
+                    frame[f"{part}_ms"] = frame[f"{part}_ms"] * np.array([per_stack[s][part] for s in stacks])
         frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / frame[parts].sum(axis=1).to_numpy(), axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)
         if self.flags_out_of_domain:
