@@ -53,6 +53,7 @@ from perfcast.models.bundle import load_bundle
 from perfcast.models.component_factors import COMPONENT_PARTS
 from perfcast.models.composer import StepComposer
 from perfcast.models.step_calibration import fit_step_correction
+from perfcast.models.step_predictor import stated_stacks
 from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import interval_coverage, mape
 from perfcast.training.train_steps import (
@@ -167,9 +168,10 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
         composed = tuple(v[test] for v in composed_all)
         composed_parts = runs.loc[test].reset_index(drop=True)
         learned_parts = composed_parts.copy()  # the learned predictor's breakdown: parts times its factors
-        for part, factor in model.factors_.part_factors().items():
+        stacks = stated_stacks([table.configs[i] for i in np.flatnonzero(test)])  # as the step predictor reads them
+        for part in model.factors_.part_factors():
             if f"{part}_ms" in learned_parts:
-                learned_parts[f"{part}_ms"] *= factor
+                learned_parts[f"{part}_ms"] *= [model.factors_.part_factors(s)[part] for s in stacks]
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
         for predictor, (pred, lo, hi), breakdown in (

@@ -199,6 +199,7 @@ def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
     runs, _ = _runs()
     valid = runs.index.drop(table.errors["row"])
     runs.loc[valid, "measured_step_ms"] = table.runs["measured_step_ms"].to_numpy()
+    runs["framework_group"] = np.where(np.arange(len(runs)) % 2, "torchtitan", "megatron-core")  # two stacks
     with mlflow.start_run() as run:
         assert tracking.active()
         train_step_predictor(runs, load_op_predictor(None), output=tmp_path / "bundle",
@@ -207,6 +208,7 @@ def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
     assert matplotlib.image.imread(local).shape[0] > 200
     logged = mlflow.get_run(run.info.run_id).data.params
     assert float(logged["factor.attention"]) > 0  # the fitted physical factor is a tracked parameter
+    assert float(logged["factor.attention:flash-attention-2"]) > 0  # and each stack's
 
 
 @pytest.mark.shared_data

@@ -22,8 +22,8 @@ refine a predictor's factors through :mod:`perfcast.models.step_calibration`.)
 
 Training stacks: how far a stack's attention runs from the op table's kernels depends on
 its kernels (Transformer Engine's fused attention in NeMo / Megatron-Core runs near the
-table; the FlashAttention-2 kernels of the FSDP and torchtitan stacks about 1.7-1.8x slower
-on A100 and H100 alike), so one global factor fitted mostly on some stacks is wrong for the
+table, the FlashAttention-2 kernels of the FSDP and torchtitan stacks well below it on A100
+and H100 alike), so one global factor fitted mostly on some stacks is wrong for the
 others. With ``stacks`` (a training-stack label per row, :data:`STACK_COLUMN`) and
 ``stack_components``, :meth:`ComponentFactors.fit` fits a hierarchy: each listed
 component's factor of stack ``s`` is ``k_{c,s} = k_c \\cdot \\exp(\\delta_{c,s})``, the
@@ -144,9 +144,13 @@ class ComponentFactors:
         shares = np.asarray(shares, dtype=float)
         if not self.names:
             return np.zeros(len(shares))
-        labels = [None] * len(shares) if stacks is None else list(stacks)
-        k = np.array([[f[n] for n in self.names] for f in (self.of_stack(s) for s in labels)], dtype=float)
-        return np.log1p(np.einsum("ij,ij->i", shares, k.reshape(len(shares), -1) - 1.0))
+        if stacks is None:
+            k = np.tile([self.factors[n] for n in self.names], (len(shares), 1))
+        else:  # each distinct stack's factors looked up once
+            unique, row_of = np.unique(np.array([s or "" for s in stacks], dtype=object), return_inverse=True)
+            table = np.array([[self.of_stack(s or None)[n] for n in self.names] for s in unique], dtype=float)
+            k = table.reshape(len(unique), len(self.names))[row_of.reshape(-1)]
+        return np.log1p(np.einsum("ij,ij->i", shares, k - 1.0))
 
     def log_scale(self, X: pd.DataFrame) -> np.ndarray:
         """The log multiplier of the composed step per row of run features ``X`` (stacks from :data:`STACK_COLUMN`)."""

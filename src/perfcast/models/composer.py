@@ -387,8 +387,9 @@ PRE_FA3_ATTENTION_EFFICIENCY = {"hopper": 0.35}
 ran on a generation where the op table's kernels are faster: on Hopper, FlashAttention-2 (and
 PyTorch SDPA's flash backend, which is FlashAttention-2) uses no wgmma/TMA and "achieves only 35%
 utilization on H100" (Shah et al. 2024, "FlashAttention-3", arXiv:2407.08608, abstract), while the
-H200 op table (PyTorch 2.11 SDPA, a FlashAttention-3-class kernel) runs causal forward attention at
-55-60% of the peak. The backward's ceiling is this times :data:`ATTENTION_BACKWARD_EFFICIENCY`."""
+H200 op table's kernel (PyTorch 2.11 SDPA) is FlashAttention-3-class, well above that
+(``benchmarks/results/docstring_notes.md``). The backward's ceiling is this times
+:data:`ATTENTION_BACKWARD_EFFICIENCY`."""
 
 
 def stack_attention_ms(ops: pd.DataFrame, ms: np.ndarray, gpus: Mapping[str, Any]) -> np.ndarray:

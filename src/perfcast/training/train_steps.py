@@ -540,7 +540,7 @@ def train_step_predictor(
     fit_seconds = time.perf_counter() - start
     factors = model.factors_.to_dict() if hasattr(model, "factors_") else {}
     by_stack = factors.pop("by_stack", {})
-    factors.update({f"{k}[{s}]": v for s, f in by_stack.items() for k, v in f.items()})
+    factors.update({f"{name}:{stack}": v for stack, per in by_stack.items() for name, v in per.items()})
     if factors:
         say("physical factors of the composed step: " + ", ".join(f"{k} x{v:.2f}" for k, v in factors.items()))
     metrics = _split_metrics(evaluation) if evaluation is not None else {}
