@@ -10,6 +10,8 @@ of that rule; the workload graph and the ``comm_<group>_level`` breakdown read i
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from perfcast.features.parallel import ParallelConfig
 
 
@@ -33,6 +35,7 @@ EXPERT_TP = "etp"
 """Key of the expert-tensor-parallel group in :func:`group_placement` (timed in the ``ep`` group)."""
 
 
+@lru_cache(maxsize=1024)
 def group_ranks_per_node(stride: int, size: int, gpus_per_node: int) -> int:
     """Ranks of a process group (rank stride ``stride``, ``size`` ranks) inside one NVLink
     domain of ``gpus_per_node`` GPUs: the most that fit, rounded down to a divisor of

@@ -7,14 +7,17 @@ workload graph, the composer and the memory model read them from here.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import accumulate
 
 from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, padded_vocab_size, pipeline_split
 
 
+@lru_cache(maxsize=4096)
 def layers_per_rank(model: TransformerSpec, parallel: ParallelConfig) -> tuple[tuple[int, int], ...]:
-    """``(dense, moe)`` transformer layers of each pipeline rank, rank 0 first.
+    """``(dense, moe)`` transformer layers of each pipeline rank, rank 0 first (cached: both
+    arguments are frozen, and the workload graph, composer and memory model ask per op batch).
 
     A rank holds the layers :func:`~perfcast.features.parallel.pipeline_split` gives it,
     ``n`` in all. The model's ``first_dense_layers`` are the first layers in model order
