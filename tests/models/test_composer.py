@@ -23,6 +23,7 @@ from perfcast.models.composer import (
     TIMING_SCOPES,
     StepComposer,
     composed_frame,
+    measured_attention,
     stack_attention_ms,
 )
 
@@ -376,6 +377,8 @@ def test_stack_attention_slows_the_backward_and_caps_hopper_attention():
     fast = np.array([1e-3, 1e-3, 0.5])  # far faster than any kernel: the Hopper ceiling binds
     a100 = stack_attention_ms(ops.assign(gpu="a100-sxm4-80gb"), fast, gpus)
     np.testing.assert_allclose(a100, [1e-3, 1e-3 / ATTENTION_BACKWARD_EFFICIENCY, 0.5])
+    measured = stack_attention_ms(ops.assign(gpu="a100-sxm4-80gb"), fast, gpus, backward_measured=True)
+    np.testing.assert_allclose(measured, fast)  # a measured backward is not slowed again; no cap off Hopper
     h100 = stack_attention_ms(ops.assign(gpu="h100-sxm5-80gb"), fast, gpus)
     peak = gpus["h100-sxm5-80gb"].peak_tflops("bf16") * 1e12
     eta = PRE_FA3_ATTENTION_EFFICIENCY["hopper"]
@@ -387,9 +390,25 @@ def test_stack_attention_slows_the_backward_and_caps_hopper_attention():
                                [1e3, 1e3 / ATTENTION_BACKWARD_EFFICIENCY])  # fmt: skip
 
 
-def test_stack_attention_is_off_for_the_analytic_roofline_and_on_for_measured_kernels():
+def test_stack_attention_is_on_only_where_attention_was_learned_from_measured_kernels():
+    import copy
+    import dataclasses
+
+    from perfcast.serve.predictors import load_op_predictor
+
+    bundle = load_op_predictor(None)
+    assert measured_attention(bundle) == (True, False)  # the H200 table: forward attention only
+    assert StepComposer(bundle).stack_attention
     assert not StepComposer(AnalyticOpPredictor()).stack_attention
-    assert StepComposer(SpyPredictor()).stack_attention
+    assert not StepComposer(SpyPredictor()).stack_attention  # no op model: nothing measured to correct
+    op_model = copy.copy(bundle.op_model)
+    op_model.boosters_ = {c: b for c, b in op_model.boosters_.items() if c != "attention"}
+    no_attention = dataclasses.replace(bundle, op_model=op_model)  # its attention falls back to the roofline
+    assert measured_attention(no_attention) == (False, False) and not StepComposer(no_attention).stack_attention
+    op_model = copy.copy(bundle.op_model)
+    op_model.backward_classes_ = ("attention",)
+    with_backward = dataclasses.replace(bundle, op_model=op_model)
+    assert measured_attention(with_backward) == (True, True)
     config = parse_run_row({**BASE, "gpu": "h100-sxm5-80gb", "dp": 8})
     on, off = (StepComposer(SpyPredictor(), stack_attention=flag).compose(config) for flag in (True, False))
     assert on.breakdown.attention_ms > off.breakdown.attention_ms

@@ -268,3 +268,9 @@ def test_per_stack_attention_factor_is_fitted_saved_and_read_from_the_stack_colu
     np.testing.assert_allclose(model.predict(query), loaded.predict(query))
     with pytest.raises(SpecError, match="stack_factors"):
         StepTimeRegressor(stack_factors=("compute",)).fit(X, y.to_numpy())
+
+
+def test_no_physical_factors_means_no_stack_factors_either():
+    X, y, groups = _data(120)
+    model = StepTimeRegressor(n_estimators=10, physical_factors=()).fit(X, y, groups=groups)
+    assert model.factors_.factors == {} and model.factors_.by_stack == {}

@@ -477,3 +477,21 @@ def test_predict_steps_plot_draws_the_breakdown(tmp_path):
     assert result.exit_code == 0, result.output
     assert matplotlib.image.imread(plot).shape[0] > 200
     assert "compute_ms" in read_table(tmp_path / "p.csv").columns  # --plot turns the breakdown on
+
+
+def test_a_stated_framework_gets_its_stacks_attention_factor_and_an_unstated_one_the_global():
+    from perfcast.serve.predictors import load_step_predictor
+
+    predictor = load_step_predictor(None)
+    factors = predictor.step_model.factors_
+    row = {"model": "llama3-8b", "gpu": "h100-sxm5-80gb", "dp": 8, "micro_batch": 1, "global_batch": 64,
+           "seq_len": 8192, "dtype": "bf16"}  # fmt: skip
+    stated = pd.DataFrame([row, {**row, "framework": "torchtitan"}])
+    composed = predict_steps_table(stated, predictor=load_step_predictor("composed"), breakdown=True)
+    learned = predict_steps_table(stated, predictor=predictor, breakdown=True)
+    assert (learned[ERROR_COLUMN] == "").all()
+    # attention's own factor first, then every part scaled alike to the step: the share ratio shows the factor
+    ratio = (learned["attention_ms"] / learned["step_ms"]) / (composed["attention_ms"] / composed["step_ms"])
+    others = (learned["compute_ms"] / learned["step_ms"]) / (composed["compute_ms"] / composed["step_ms"])
+    expected = [factors.of_stack(None)["attention"], factors.of_stack("flash-attention-2")["attention"]]
+    np.testing.assert_allclose(ratio / others, expected, rtol=1e-6)

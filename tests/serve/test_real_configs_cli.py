@@ -30,7 +30,8 @@ def test_a_gb200_nvl72_run_of_512_gpus_spans_racks_over_infiniband(tmp_path) -> 
     assert rack["link_tp"] == "nvlink"  # tensor parallelism stays inside the rack's NVLink
     assert rack["link_dp"] == "nvlink+ib-ndr-400-gb200-nvl72"  # 16 data-parallel ranks per rack, 2 racks
     assert "nvlink_domain" in rack["defaulted_fields"].split(",")
-    assert rack["dp_sync_ms"] < trays["dp_sync_ms"] and rack["step_ms"] < trays["step_ms"]
+    assert rack["dp_sync_ms"] < trays["dp_sync_ms"] and rack["composed_step_ms"] < trays["composed_step_ms"]
+    assert rack["step_ms"] <= trays["step_ms"]  # both may sit on the Blackwell MFU-ceiling floor
 
 
 def test_a_lora_row_without_a_rank_is_answered_with_the_default_rank_named(tmp_path) -> None:

@@ -199,7 +199,7 @@ def test_a_tracked_step_training_logs_its_held_out_parity_plot(table, tmp_path):
     runs, _ = _runs()
     valid = runs.index.drop(table.errors["row"])
     runs.loc[valid, "measured_step_ms"] = table.runs["measured_step_ms"].to_numpy()
-    runs["framework_group"] = np.where(np.arange(len(runs)) % 2, "torchtitan", "megatron-core")  # two stacks
+    runs["framework"] = np.where(np.arange(len(runs)) % 2, "torchtitan", "megatron-core")  # two stated stacks
     with mlflow.start_run() as run:
         assert tracking.active()
         train_step_predictor(runs, load_op_predictor(None), output=tmp_path / "bundle",

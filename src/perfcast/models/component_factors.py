@@ -30,9 +30,10 @@ component's factor of stack ``s`` is ``k_{c,s} = k_c \\cdot \\exp(\\delta_{c,s})
 global ``k_c`` under the prior above and each departure ``\\delta_{c,s}`` under a Gaussian
 prior centred on 0 of strength ``stack_prior`` (penalty ``stack_prior * delta^2``, in the
 same units as ``prior``). A stack with few rows or little share of the component stays near
-the global factor; the global factor is then about the central value of the stacks, not
-the value of the stack with the most attention. A row whose stack is unknown (no label,
-or one no training row had) gets the global factors.
+the global factor. The global factor is fitted on the rows without a stack (those that state
+no framework, as a query that states none) and, through its prior and the departures'
+priors, pulled toward the labelled stacks. A row whose stack is unknown (no label, or one no
+training row had) gets the global factors.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "ComponentFactors",
     "breakdown_shares",
     "component_shares",
+    "stack_labels",
 ]
 
 COMPONENT_PARTS: dict[str, tuple[str, ...]] = {
@@ -82,7 +84,12 @@ def stack_labels(X: pd.DataFrame) -> np.ndarray:
     """Object array of each row's training-stack label (:data:`STACK_COLUMN`; None where absent or empty)."""
     if STACK_COLUMN not in X:
         return np.full(len(X), None, dtype=object)
-    return np.array([v if isinstance(v, str) and v else None for v in X[STACK_COLUMN]], dtype=object)
+    return np.array([_as_stack(v) for v in X[STACK_COLUMN]], dtype=object)
+
+
+def _as_stack(value: Any) -> str | None:
+    """A training-stack label, or None for a missing, empty or non-string one (NaN)."""
+    return value if isinstance(value, str) and value else None
 
 
 def component_shares(X: pd.DataFrame, names: Sequence[str]) -> np.ndarray:
@@ -208,7 +215,7 @@ class ComponentFactors:
         total = w.sum()
         if total <= 0:
             return cls(dict.fromkeys(names, 1.0))
-        labels = np.full(len(target), None, dtype=object) if stacks is None else np.asarray(stacks, dtype=object)
+        labels = np.array([_as_stack(v) for v in ([None] * len(target) if stacks is None else stacks)], dtype=object)
         if labels.shape != target.shape:
             raise SpecError(f"stacks has {labels.shape[0]} entries for {len(target)} rows")
         known = sorted({s for s in labels if s is not None}) if stack_components else []

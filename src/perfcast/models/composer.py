@@ -59,8 +59,9 @@ import pandas as pd
 
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.cluster import ClusterSpec
+from perfcast.features.hardware_spec import HardwareSpec
 from perfcast.features.model import TransformerSpec
-from perfcast.features.ops import COLLECTIVE_OPS, OpType, op_flops, op_memory_bytes
+from perfcast.features.ops import COLLECTIVE_OPS, OpClass, OpType, op_flops, op_memory_bytes
 from perfcast.features.parallel import Recompute
 from perfcast.features.roofline import op_time_ms
 from perfcast.features.run_config import RunConfig
@@ -84,10 +85,18 @@ from perfcast.features.workload import (
     layers_per_rank,
     step_ops_key,
 )
-from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.predictor_protocol import OpPredictor
 
-__all__ = ["TIMING_SCOPES", "ComposedStep", "StepComposer", "composed_frame"]
+__all__ = [
+    "ATTENTION_BACKWARD_EFFICIENCY",
+    "PRE_FA3_ATTENTION_EFFICIENCY",
+    "TIMING_SCOPES",
+    "ComposedStep",
+    "StepComposer",
+    "composed_frame",
+    "measured_attention",
+    "stack_attention_ms",
+]
 
 TIMING_SCOPES = ("step", "fwd_bwd", "fwd")
 """What a measured time covers: a whole step, forward plus backward, or forward only."""
@@ -184,8 +193,10 @@ class StepComposer:
         overlap_grad_reduce: hide the data-parallel sync behind the last backward.
         stack_attention: time attention cores as the training stacks' kernels run them
             (:func:`stack_attention_ms`), where the op predictor's times come from measured
-            kernels; ``None``: on unless the op predictor is the analytic roofline (no measured
-            kernel to correct, the physics alone). False keeps the op predictor's times.
+            kernels; ``None``: on where the op predictor learned attention from measured
+            kernels (:func:`measured_attention`), off for the analytic roofline or a bundle
+            without an attention model (no measured kernel to correct). False keeps the op
+            predictor's times.
     """
 
     def __init__(
@@ -203,9 +214,8 @@ class StepComposer:
         self.collective_predictor = collective_predictor
         self.coverage = coverage
         self.overlap_grad_reduce = overlap_grad_reduce
-        self.stack_attention = (
-            not isinstance(op_predictor, AnalyticOpPredictor) if stack_attention is None else stack_attention
-        )
+        learned, self._backward_measured = measured_attention(op_predictor)
+        self.stack_attention = learned if stack_attention is None else stack_attention
 
     def compose(self, config: RunConfig, *, timing_scope: str = "step") -> ComposedStep:
         """Composed step of one config (see :meth:`compose_many`)."""
@@ -374,7 +384,7 @@ class StepComposer:
         hi = np.maximum(np.where(np.isnan(hi), pred, hi), pred)
         if self.stack_attention:
             gpus = {c.gpu.id: c.gpu for c in clusters.values()}
-            pred, lo, hi = (stack_attention_ms(ops, t, gpus) for t in (pred, lo, hi))
+            pred, lo, hi = (stack_attention_ms(ops, t, gpus, self._backward_measured) for t in (pred, lo, hi))
         return pred[codes], lo[codes], hi[codes], ood[codes]
 
 
@@ -392,19 +402,35 @@ H200 op table's kernel (PyTorch 2.11 SDPA) is FlashAttention-3-class, well above
 :data:`ATTENTION_BACKWARD_EFFICIENCY`."""
 
 
-def stack_attention_ms(ops: pd.DataFrame, ms: np.ndarray, gpus: Mapping[str, Any]) -> np.ndarray:
+def measured_attention(op_predictor: Any) -> tuple[bool, bool]:
+    """``(learned, with_backward)``: whether ``op_predictor`` times attention with a model learned
+    from measured kernels, and whether its training rows held backward attention. A predictor
+    wrapping another (``.base``) is looked through; the analytic roofline, and a bundle without an
+    attention model (its attention falls back to the roofline), learned none."""
+    while hasattr(op_predictor, "base"):
+        op_predictor = op_predictor.base
+    op_model = getattr(op_predictor, "op_model", None)
+    learned = OpClass.ATTENTION.value in (getattr(op_model, "boosters_", None) or {})
+    return learned, learned and OpClass.ATTENTION.value in getattr(op_model, "backward_classes_", ())
+
+
+def stack_attention_ms(
+    ops: pd.DataFrame, ms: np.ndarray, gpus: Mapping[str, HardwareSpec], backward_measured: bool = False
+) -> np.ndarray:
     """Attention-core times ``ms`` (aligned with ``ops``; other rows unchanged) as a training
     stack's kernels take them: a backward row is slower per FLOP than the forward the op table
-    measured (:data:`ATTENTION_BACKWARD_EFFICIENCY`), and on a generation of
+    measured (:data:`ATTENTION_BACKWARD_EFFICIENCY`; not where ``backward_measured``, the op
+    model having learned backward rows), and on a generation of
     :data:`PRE_FA3_ATTENTION_EFFICIENCY` no row runs above that efficiency of its dtype's dense
-    peak (``gpus``: GPU id -> :class:`~perfcast.features.hardware_spec.HardwareSpec`)."""
+    peak (``gpus``: GPU id -> its spec)."""
     attn = (ops["op"] == OpType.ATTENTION.value).to_numpy()
     if not attn.any():
         return ms
     out = np.asarray(ms, dtype=float).copy()
     backward = ops["backward"].fillna(False).to_numpy(dtype=bool)
     eff = np.where(backward, ATTENTION_BACKWARD_EFFICIENCY, 1.0)
-    out[attn] = out[attn] / eff[attn]
+    if not backward_measured:
+        out[attn] = out[attn] / eff[attn]
     rows = np.flatnonzero(attn)
     keys = list(zip(ops["gpu"].to_numpy()[rows], ops["dtype"].to_numpy()[rows], strict=True))
     ceiling_flops = {}  # (gpu, dtype) -> the ceiling's FLOP/s, each pair looked up once

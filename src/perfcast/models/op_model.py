@@ -114,6 +114,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         interval_kind_: ``{class: "gpu" | "row" | "in-sample" | "borrowed:<class>"}``
             (borrowed: too few GPUs of its own, see :data:`~perfcast.models.op_interval.SHIFT_DONORS`).
         feature_spec_version_, feature_names_, train_gpus_, gpu_domain_, dim_domain_.
+        backward_classes_: op classes with backward rows among the training rows (attention
+            measured forward only leaves ``attention`` out).
         train_elem_bytes_: element sizes (``DType.bytes_per_element``) of the training rows;
             other dtypes are out of domain.
         efficiency_ceiling_: ``{class: {dtype family: eta}}``, the efficiency ceilings of
@@ -198,6 +200,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.feature_spec_version_ = FEATURE_SPEC_VERSION
         self.train_gpus_ = tuple(sorted(pd.unique(feats["gpu_id"])))
         self.train_elem_bytes_ = tuple(sorted(float(v) for v in pd.unique(feats["elem_bytes"].dropna())))
+        backward = feats["is_backward"].fillna(0).to_numpy(dtype=float) > 0
+        self.backward_classes_ = tuple(c for c in classes if (backward & (feats["op_class"] == c).to_numpy()).any())
         self.gpu_domain_ = op_domain.gpu_domain(self.train_gpus_)
         self.dim_domain_ = op_domain.dim_domain(feats, classes)
         return self
@@ -468,6 +472,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             },
             "train_gpus": list(self.train_gpus_),
             "train_elem_bytes": list(self.train_elem_bytes_),
+            "backward_classes": list(getattr(self, "backward_classes_", ())),
             "gpu_domain": {k: list(v) for k, v in self.gpu_domain_.items()},
             "dim_domain": {c: {k: list(v) for k, v in r.items()} for c, r in self.dim_domain_.items()},
             "efficiency_margin": op_bounds.EFFICIENCY_MARGIN,
@@ -505,6 +510,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             }
             model.train_gpus_ = tuple(meta["train_gpus"])
             model.train_elem_bytes_ = tuple(float(v) for v in meta.get("train_elem_bytes", op_domain.LEGACY_ELEM_BYTES))
+            model.backward_classes_ = tuple(meta.get("backward_classes", ()))  # older bundles: forward rows only
             model.gpu_domain_ = {k: (float(a), float(b)) for k, (a, b) in meta["gpu_domain"].items()}
             model.dim_domain_ = {
                 c: {k: (float(a), float(b)) for k, (a, b) in r.items()} for c, r in meta["dim_domain"].items()

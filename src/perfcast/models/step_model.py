@@ -156,11 +156,11 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         factor_prior: strength of the pull of each factor toward 1 (see
             :class:`~perfcast.models.component_factors.ComponentFactors`).
         stack_factors: components of ``physical_factors`` whose factor departs per training
-            stack (hierarchical fit); empty for one global factor each. Default: attention,
-            whose remaining gap follows the stack's attention kernels.
+            stack (hierarchical fit); empty for one global factor each; None (default):
+            attention where it is among ``physical_factors``, its remaining gap following the
+            stack's attention kernels.
         stack_prior: strength of the pull of each stack's log departure toward the global
-            factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``
-            (leave-one-source-out preferred it to 0.003 and 0.001 and to one global factor).
+            factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``.
         correction_scale: factor on every row's learned log correction (the booster's, not
             the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
             its factors); the held-out residuals are those of the scaled
@@ -205,7 +205,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         ood_interval: str = "domain",
         physical_factors: tuple[str, ...] = ("attention",),
         factor_prior: float = 0.01,
-        stack_factors: tuple[str, ...] = ("attention",),
+        stack_factors: tuple[str, ...] | None = None,
         stack_prior: float = 0.01,
         correction_scale: float = 1.0,
         random_state: int = 0,
@@ -271,7 +271,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         unknown = [c for c in self.physical_factors if c not in COMPONENTS]
         if unknown:
             raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
-        stray = [c for c in self.stack_factors if c not in self.physical_factors]
+        stray = [c for c in self.stack_factors or () if c not in self.physical_factors]
         if stray:
             raise SpecError(f"stack_factors {stray} are not among physical_factors {list(self.physical_factors)}")
         names = self._feature_names(X)
@@ -320,8 +320,14 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
     ) -> ComponentFactors:
         return ComponentFactors.fit(
             shares, target, names=self.physical_factors, weights=weights, prior=self.factor_prior,
-            stacks=stacks, stack_components=self.stack_factors, stack_prior=self.stack_prior,
+            stacks=stacks, stack_components=self._stack_components(), stack_prior=self.stack_prior,
         )  # fmt: skip
+
+    def _stack_components(self) -> tuple[str, ...]:
+        """The components fitted per training stack (``stack_factors``, None read as documented)."""
+        if self.stack_factors is None:
+            return tuple(c for c in ("attention",) if c in self.physical_factors)
+        return tuple(self.stack_factors)
 
     def _held_out_scores(
         self,
@@ -467,7 +473,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         params = self.get_params()
         params["features"] = list(params["features"]) if params["features"] is not None else None
         params["physical_factors"] = list(params["physical_factors"])
-        params["stack_factors"] = list(params["stack_factors"])
+        params["stack_factors"] = None if params["stack_factors"] is None else list(params["stack_factors"])
         return {
             "params": params,
             "run_feature_spec_version": RUN_FEATURE_SPEC_VERSION,
@@ -500,7 +506,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             if params.get("features") is not None:
                 params["features"] = tuple(params["features"])
             params["physical_factors"] = tuple(params["physical_factors"])
-            params["stack_factors"] = tuple(params.get("stack_factors", ()))
+            stack = params.get("stack_factors", ())  # bundles written before stacks: one global factor
+            params["stack_factors"] = None if stack is None else tuple(stack)
             model = cls(**params)
             model.feature_names_ = tuple(meta["feature_names"])
             model.residuals_ = np.asarray(meta["residuals"], dtype=float)

@@ -43,7 +43,14 @@ from perfcast.models.composer import ComposedStep, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.predictor_protocol import OpPredictor
 
-__all__ = ["COMPOSED_COLUMN", "OUT_OF_DOMAIN_COLUMN", "StepPredictor", "stated_stacks", "step_model_inputs"]
+__all__ = [
+    "COMPOSED_COLUMN",
+    "OUT_OF_DOMAIN_COLUMN",
+    "StepPredictor",
+    "query_features",
+    "stated_stacks",
+    "step_model_inputs",
+]
 
 COMPOSED_COLUMN = "composed_step_ms"
 OUT_OF_DOMAIN_COLUMN = "out_of_domain"

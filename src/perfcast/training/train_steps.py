@@ -34,7 +34,6 @@ from perfcast._optional import require
 from perfcast.data.records import name_defaulted
 from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
-from perfcast.features.frameworks import attention_stack
 from perfcast.features.model import TransformerSpec
 from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.features.run_features import featurize_runs
@@ -42,6 +41,7 @@ from perfcast.models.component_factors import STACK_COLUMN
 from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.step_model import StepTimeRegressor
+from perfcast.models.step_predictor import stated_stacks
 from perfcast.training.metrics import spearman, summarize
 
 __all__ = [
@@ -246,10 +246,11 @@ def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     """Parse, compose and featurise measured runs (see :class:`StepTable`).
 
     An MLPerf row's round (``mlperf_version``) becomes its software release feature, and
-    its ``framework_group`` (:func:`load_runs`: the stated framework, else its source's stack)
-    its training-stack label (:data:`~perfcast.models.component_factors.STACK_COLUMN`,
-    :func:`~perfcast.features.frameworks.attention_stack`, read by
-    the step model's per-stack factors; without the column, no row has a stack).
+    the framework a row states its training-stack label
+    (:data:`~perfcast.models.component_factors.STACK_COLUMN`, read by the step model's
+    per-stack factors), by the same rule as a query's
+    (:func:`~perfcast.models.step_predictor.stated_stacks`): a row that states none has
+    no stack and fits the global factors, which a query that states none gets.
 
     A row's ``overlap_grad_reduce`` (MLPerf's NeMo runs) hides its data-parallel sync
     behind the last backward, whatever ``composer`` is set to.
@@ -263,16 +264,8 @@ def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     kept["group"] = run_groups(configs)
     releases = kept["mlperf_version"].tolist() if "mlperf_version" in kept else None
     features = featurize_runs(configs, composed, releases)
-    if "framework_group" in kept:
-        labels = [_stack_label(g) for g in kept["framework_group"]]
-        features[STACK_COLUMN] = pd.Series(labels, index=features.index, dtype=object)
+    features[STACK_COLUMN] = pd.Series(stated_stacks(configs), index=features.index, dtype=object)
     return StepTable(runs=kept, features=features, configs=configs, steps=steps, errors=errors)
-
-
-def _stack_label(group: Any) -> str | None:
-    """A ``framework_group`` as a stack label (:func:`~perfcast.features.frameworks.attention_stack`,
-    as a query stating that framework gets it); None if empty."""
-    return attention_stack(group) if isinstance(group, str) and group else None
 
 
 # ----------------------------------------------------------------------------- splits
