@@ -5,7 +5,8 @@ model on one or more GPU types, drops those that do not fit in memory (the memor
 of :mod:`perfcast.features.memory`), predicts the step time of the rest with a step
 predictor (one batch: every distinct op is predicted once) and ranks them. With a price
 per GPU-hour the ranking is by cost per step, which compares GPU types; without one it is
-by step time.
+by step time. Ties (layouts predicted at the same MFU-ceiling floor, :mod:`perfcast.models.physics_bounds`)
+go to the layout with the lower upper bound of its interval, then the smaller peak memory.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def search_layouts(
         pred["usd_per_step"] = pred["step_ms"] / 3.6e6 * num_gpus * price_per_gpu_hour
         pred["usd_per_million_tokens"] = pred["usd_per_step"] / (pred["tokens_per_s"] * pred["step_ms"] / 1e3) * 1e6
         key = "usd_per_step"
-    ranked = pred.sort_values([key, "peak_mem_gib"], kind="stable").reset_index(drop=True)
+    # equal keys (layouts whose step sits on the MFU-ceiling floor): the lower upper bound first
+    ranked = pred.sort_values([key, "step_hi_ms", "peak_mem_gib"], kind="stable").reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
     return SearchResult(ranked=ranked, n_layouts=n_layouts, n_out_of_memory=n_oom)
