@@ -167,16 +167,15 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
         learned = predict_rows(model, table, test)
         composed = tuple(v[test] for v in composed_all)
         composed_parts = runs.loc[test].reset_index(drop=True)
-        learned_parts = composed_parts.copy()  # the learned predictor's breakdown: parts times its factors
-        stacks = stated_stacks([table.configs[i] for i in np.flatnonzero(test)])  # as the step predictor reads them
-        for part in model.factors_.part_factors():
-            if f"{part}_ms" in learned_parts:
-                learned_parts[f"{part}_ms"] *= [model.factors_.part_factors(s)[part] for s in stacks]
+        # the learned predictor's breakdown: parts times its factors, of each run's stated stack
+        learned_parts = model.factors_.scale_parts(
+            composed_parts, stated_stacks([table.configs[i] for i in np.flatnonzero(test)])
+        )
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
         for predictor, (pred, lo, hi), breakdown in (
             ("composed", composed, composed_parts),
-            (f"gbdt(scale={LOSO_SCALE})+bound", learned, learned_parts),
+            (f"gbdt(scale={LOSO_SCALE:g})+bound", learned, learned_parts),
         ):
             for correction, parts in (("shift", None), ("factors", breakdown)):
                 for pooling, members in pools.items():

@@ -110,3 +110,13 @@ def test_the_default_predictors_breakdown_carries_its_attention_factor():
                                factor * plain["attention_ms"] / plain["compute_ms"])  # fmt: skip
     parts = [c for c in learned.columns if c.endswith("_ms") and not c.startswith(("step", "composed"))]
     np.testing.assert_allclose(learned[parts].sum(axis=1), learned["step_ms"])
+
+
+def test_scale_parts_applies_each_rows_stack_factor_and_from_dict_refuses_stray_stack_components():
+    factors = ComponentFactors({"attention": 1.5}, {"flash-attention-2": {"attention": 2.0}})
+    breakdown = pd.DataFrame({"attention_ms": [10.0, 10.0, 10.0], "compute_ms": [5.0, 5.0, 5.0]})
+    scaled = factors.scale_parts(breakdown, ["flash-attention-2", None, "unseen"])
+    assert scaled["attention_ms"].tolist() == [20.0, 15.0, 15.0] and scaled["compute_ms"].tolist() == [5.0] * 3
+    assert breakdown["attention_ms"].tolist() == [10.0] * 3  # the input is left alone
+    with pytest.raises(ValueError, match="no global factor"):
+        ComponentFactors.from_dict({"attention": 1.5, "by_stack": {"x": {"compute": 2.0}}})

@@ -253,6 +253,17 @@ class ComponentFactors:
         stack ``stack`` (the global factors for None or an unknown stack)."""
         return {part: factor for name, factor in self.of_stack(stack).items() for part in COMPONENT_PARTS[name]}
 
+    def scale_parts(self, breakdown: pd.DataFrame, stacks: Sequence[str | None]) -> pd.DataFrame:
+        """A copy of ``breakdown`` (columns ``<part>_ms``, one row per run) with each part the
+        factors scale multiplied by the factor of its component for the row's training stack
+        (``stacks``, aligned with the rows; None: the global factors). Other columns unchanged."""
+        out = breakdown.copy()
+        per_stack = {s: self.part_factors(s) for s in set(stacks)}
+        for part in self.part_factors():
+            if f"{part}_ms" in out:
+                out[f"{part}_ms"] = out[f"{part}_ms"].to_numpy() * np.array([per_stack[s][part] for s in stacks])
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form (:meth:`from_dict` reverses it): component -> factor, plus ``by_stack``
         (stack -> component -> factor) for a hierarchical fit."""
@@ -281,5 +292,8 @@ class ComponentFactors:
         by_stack = data.get("by_stack", {})
         if not isinstance(by_stack, Mapping) or not all(isinstance(f, Mapping) for f in by_stack.values()):
             raise ValueError("by_stack must map stack labels to component factors")
-        return cls(checked({k: v for k, v in data.items() if k != "by_stack"}),
-                   {str(s): checked(f) for s, f in by_stack.items()})  # fmt: skip
+        factors = checked({k: v for k, v in data.items() if k != "by_stack"})
+        stray = sorted({n for f in by_stack.values() for n in f} - set(factors))
+        if stray:
+            raise ValueError(f"by_stack components {stray} have no global factor")
+        return cls(factors, {str(s): checked(f) for s, f in by_stack.items()})

@@ -158,11 +158,7 @@ class StepPredictor:
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
         factors = getattr(self.step_model, "factors_", None)
         if factors is not None:  # parts the step model's physical factors scale: their own share first
-            stacks = stated_stacks(configs)
-            per_stack = {s: factors.part_factors(s) for s in set(stacks)}
-            for part in factors.part_factors():
-                if f"{part}_ms" in frame:
-                    frame[f"{part}_ms"] = frame[f"{part}_ms"] * np.array([per_stack[s][part] for s in stacks])
+            frame = factors.scale_parts(frame, stated_stacks(configs))
         frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / frame[parts].sum(axis=1).to_numpy(), axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)
         if self.flags_out_of_domain:
