@@ -391,7 +391,8 @@ class StepComposer:
 ATTENTION_BACKWARD_EFFICIENCY = 63.0 / 73.0
 """Attention backward's FLOP efficiency relative to its forward's: FlashAttention-2 reaches up
 to 73% of the A100's peak in the forward pass and up to 63% in the backward pass (Dao 2023,
-"FlashAttention-2", arXiv:2307.08691, section 4.1). The op tables hold forward attention only."""
+"FlashAttention-2", arXiv:2307.08691, section 4.1). The shipped op table holds forward attention
+only; an op model that learned backward rows says so (``backward_classes_``) and is not slowed."""
 PRE_FA3_ATTENTION_EFFICIENCY = {"hopper": 0.35}
 """Best forward FLOP efficiency (of the dtype's dense peak) of the attention kernels training stacks
 ran on a generation where the op table's kernels are faster: on Hopper, FlashAttention-2 (and
