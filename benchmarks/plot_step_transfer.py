@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import ape
 
 ROOT = Path(__file__).resolve().parents[1]

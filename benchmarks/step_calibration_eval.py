@@ -54,7 +54,7 @@ from perfcast.models.component_factors import COMPONENT_PARTS
 from perfcast.models.composer import StepComposer
 from perfcast.models.step_calibration import fit_step_correction
 from perfcast.models.step_predictor import stated_stacks
-from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import interval_coverage, mape
 from perfcast.training.train_steps import (
     StepTable,

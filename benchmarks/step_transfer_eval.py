@@ -31,7 +31,7 @@ Predictors:
   (:mod:`perfcast.models.physics_bounds`; ceiling = best measured MFU of the split's training
   runs per GPU generation and dtype, +10%);
 * ``gbdt(scale=S)+bound``: the shipped model, fitted with ``correction_scale=S``
-  (:data:`~perfcast.serve.cli.train_cmd.DEFAULT_CORRECTION_SCALE`, the share of the log
+  (:data:`~perfcast.training.defaults.DEFAULT_CORRECTION_SCALE`, the share of the log
   correction that leave-one-source-out picks among 0, 0.25, 0.5, 0.75, 1), bounded;
 * ``composed``: the composed step alone (op predictions through the schedule; its interval
   from the op intervals);
@@ -74,8 +74,8 @@ import pandas as pd
 
 from perfcast.models.composer import StepComposer
 from perfcast.models.physics_bounds import apply_floor, gpu_generation, model_flops, peak_flops
-from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.serve.predictors import load_op_predictor
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import summarize
 from perfcast.training.train_steps import StepTable, build_step_table, fit_step_model, load_runs, predict_rows
 

@@ -42,6 +42,7 @@ from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.step_model import StepTimeRegressor
 from perfcast.models.step_predictor import stated_stacks
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import spearman, summarize
 
 __all__ = [
@@ -505,6 +506,8 @@ def train_step_predictor(
 ) -> TrainStepsResult:
     """Compose measured runs with ``op_bundle``, evaluate on :data:`SPLITS`, fit on all runs, save.
 
+    A GBDT's ``correction_scale`` defaults to
+    :data:`~perfcast.training.defaults.DEFAULT_CORRECTION_SCALE`, as in ``perfcast train steps``.
     The saved bundle holds ``op_bundle``'s op and collective models and the step model,
     so its steps are composed exactly as in training. Every step is logged to the active
     MLflow run, if there is one.
@@ -520,6 +523,8 @@ def train_step_predictor(
     if model_type not in MODEL_TYPES:
         raise SpecError(f"model_type={model_type!r} unknown; allowed: {', '.join(MODEL_TYPES)}")
     params = dict(params or {})
+    if model_type == "gbdt":
+        params.setdefault("correction_scale", DEFAULT_CORRECTION_SCALE)
     say = progress or (lambda msg: None)
     composer = StepComposer(op_bundle, getattr(op_bundle, "collective_model", None))
     say(f"composing {len(runs)} measured runs with {getattr(op_bundle, 'name', 'the op predictor')}")

@@ -18,8 +18,8 @@ from typer.testing import CliRunner
 from perfcast.models.bundle import load_bundle
 from perfcast.serve.batch import predict_steps_table
 from perfcast.serve.cli import app
-from perfcast.serve.cli.train_cmd import DEFAULT_CORRECTION_SCALE
 from perfcast.serve.predictors import load_step_predictor
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 
 runner = CliRunner()
 

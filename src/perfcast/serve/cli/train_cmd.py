@@ -11,10 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from perfcast.serve.cli._guard import user_errors
+from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 
-DEFAULT_CORRECTION_SCALE = 0.75
-"""Share of the step GBDT's log correction applied by default, chosen among 0, 0.25, 0.5, 0.75 and 1
-on leave-one-source-out MAPE (benchmarks/results/step_transfer_eval.md)."""
 train_app = typer.Typer(help="Train predictors; every run is tracked in MLflow.", no_args_is_help=True)
 _err = Console(stderr=True, soft_wrap=True)
 
