@@ -398,6 +398,9 @@ def test_stack_attention_is_on_only_where_attention_was_learned_from_measured_ke
 
     bundle = load_op_predictor(None)
     assert measured_attention(bundle) == (True, False)  # the H200 table: forward attention only
+    from perfcast.models.calibration import CalibratedPredictor
+
+    assert measured_attention(CalibratedPredictor(bundle, {})) == (True, False)  # a wrapper is looked through
     assert StepComposer(bundle).stack_attention
     assert not StepComposer(AnalyticOpPredictor()).stack_attention
     assert not StepComposer(SpyPredictor()).stack_attention  # no op model: nothing measured to correct

@@ -408,7 +408,7 @@ def measured_attention(op_predictor: Any) -> tuple[bool, bool]:
     from measured kernels, and whether its training rows held backward attention. A predictor
     wrapping another (``.base``) is looked through; the analytic roofline, and a bundle without an
     attention model (its attention falls back to the roofline), learned none."""
-    while hasattr(op_predictor, "base"):
+    while getattr(op_predictor, "base", op_predictor) is not op_predictor:
         op_predictor = op_predictor.base
     op_model = getattr(op_predictor, "op_model", None)
     learned = OpClass.ATTENTION.value in (getattr(op_model, "boosters_", None) or {})
