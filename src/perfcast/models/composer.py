@@ -85,6 +85,7 @@ from perfcast.features.workload import (
     layers_per_rank,
     step_ops_key,
 )
+from perfcast.models.physics_bounds import gpu_generation
 from perfcast.models.predictor_protocol import OpPredictor
 
 __all__ = [
@@ -394,8 +395,9 @@ to 73% of the A100's peak in the forward pass and up to 63% in the backward pass
 "FlashAttention-2", arXiv:2307.08691, section 4.1). The shipped op table holds forward attention
 only; an op model that learned backward rows says so (``backward_classes_``) and is not slowed."""
 PRE_FA3_ATTENTION_EFFICIENCY = {"hopper": 0.35}
-"""Best forward FLOP efficiency (of the dtype's dense peak) of the attention kernels training stacks
-ran on a generation where the op table's kernels are faster: on Hopper, FlashAttention-2 (and
+"""GPU generation (:func:`~perfcast.models.physics_bounds.gpu_generation`) -> best forward FLOP
+efficiency (of the dtype's dense peak) of the attention kernels training stacks ran on a
+generation where the op table's kernels are faster: on Hopper, FlashAttention-2 (and
 PyTorch SDPA's flash backend, which is FlashAttention-2) uses no wgmma/TMA and "achieves only 35%
 utilization on H100" (Shah et al. 2024, "FlashAttention-3", arXiv:2407.08608, abstract), while the
 H200 op table's kernel (PyTorch 2.11 SDPA) is FlashAttention-3-class, well above that
@@ -437,8 +439,7 @@ def stack_attention_ms(
     ceiling_flops = {}  # (gpu, dtype) -> the ceiling's FLOP/s, each pair looked up once
     for gpu_id, dtype in set(keys):
         gpu = gpus.get(gpu_id)
-        words = (getattr(gpu, "architecture", None) or "").split()
-        eta = PRE_FA3_ATTENTION_EFFICIENCY.get(words[0].lower() if words else "")
+        eta = None if gpu is None else PRE_FA3_ATTENTION_EFFICIENCY.get(gpu_generation(gpu))
         ceiling_flops[(gpu_id, dtype)] = np.nan if eta is None else eta * gpu.peak_tflops(dtype) * 1e12
     rate = np.array([ceiling_flops[k] for k in keys]) * eff[rows]
     floor_ms = ops["flops"].to_numpy(dtype=float)[rows] / rate * 1e3
