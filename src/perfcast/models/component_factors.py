@@ -151,13 +151,16 @@ class ComponentFactors:
         shares = np.asarray(shares, dtype=float)
         if not self.names:
             return np.zeros(len(shares))
+        return np.log1p(np.einsum("ij,ij->i", shares, self._row_factors(stacks, len(shares)) - 1.0))
+
+    def _row_factors(self, stacks: Sequence[str | None] | None, n: int) -> np.ndarray:
+        """``(n, len(names))``: each row's component factors, those of its stack (``stacks``; None:
+        the global factors for every row); each distinct stack's factors looked up once."""
         if stacks is None:
-            k = np.tile([self.factors[n] for n in self.names], (len(shares), 1))
-        else:  # each distinct stack's factors looked up once
-            unique, row_of = np.unique(np.array([s or "" for s in stacks], dtype=object), return_inverse=True)
-            table = np.array([[self.of_stack(s or None)[n] for n in self.names] for s in unique], dtype=float)
-            k = table.reshape(len(unique), len(self.names))[row_of.reshape(-1)]
-        return np.log1p(np.einsum("ij,ij->i", shares, k - 1.0))
+            return np.tile([self.factors[c] for c in self.names], (n, 1)).reshape(n, len(self.names))
+        unique, row_of = np.unique(np.array([s or "" for s in stacks], dtype=object), return_inverse=True)
+        table = np.array([[self.of_stack(s or None)[c] for c in self.names] for s in unique], dtype=float)
+        return table.reshape(len(unique), len(self.names))[row_of.reshape(-1)]
 
     def log_scale(self, X: pd.DataFrame) -> np.ndarray:
         """The log multiplier of the composed step per row of run features ``X`` (stacks from :data:`STACK_COLUMN`)."""
@@ -258,10 +261,11 @@ class ComponentFactors:
         factors scale multiplied by the factor of its component for the row's training stack
         (``stacks``, aligned with the rows; None: the global factors). Other columns unchanged."""
         out = breakdown.copy()
-        per_stack = {s: self.part_factors(s) for s in set(stacks)}
-        for part in self.part_factors():
-            if f"{part}_ms" in out:
-                out[f"{part}_ms"] = out[f"{part}_ms"].to_numpy() * np.array([per_stack[s][part] for s in stacks])
+        k = self._row_factors(stacks, len(out))
+        for i, name in enumerate(self.names):
+            for part in COMPONENT_PARTS[name]:
+                if f"{part}_ms" in out:
+                    out[f"{part}_ms"] = out[f"{part}_ms"].to_numpy() * k[:, i]
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -47,8 +47,8 @@ __all__ = [
     "COMPOSED_COLUMN",
     "OUT_OF_DOMAIN_COLUMN",
     "StepPredictor",
-    "query_features",
     "stated_stacks",
+    "step_features",
     "step_model_inputs",
 ]
 
@@ -66,23 +66,27 @@ def stated_stacks(configs: Sequence[RunConfig]) -> list[str | None]:
     return [None if "framework" in c.defaulted else attention_stack(c.parallel.framework) for c in configs]
 
 
-def query_features(configs: Sequence[RunConfig], composed: pd.DataFrame) -> pd.DataFrame:
-    """Run features of queried configs plus their stated stack (:data:`STACK_COLUMN`, read by the physical factors)."""
-    X = featurize_runs(configs, composed)
+def step_features(
+    configs: Sequence[RunConfig], composed: pd.DataFrame, releases: Sequence[Any] | None = None
+) -> pd.DataFrame:
+    """What a run-feature step model reads, for queries and training runs alike: the run features
+    (:func:`~perfcast.features.run_features.featurize_runs`, ``releases`` passed through) plus each
+    config's stated stack (:data:`STACK_COLUMN`, read by the physical factors)."""
+    X = featurize_runs(configs, composed, releases)
     X[STACK_COLUMN] = pd.Series(stated_stacks(configs), index=X.index, dtype=object)
     return X
 
 
 def step_model_inputs(model: Any, configs: Sequence[RunConfig], steps: Sequence[ComposedStep]) -> Any:
     """What ``model.predict`` takes for these configs: run features with the stated stack
-    (:func:`query_features`), or step graphs for a GNN (a step model says which through its
+    (:func:`step_features`), or step graphs for a GNN (a step model says which through its
     ``inputs`` class attribute)."""
     if getattr(model, "inputs", "run_features") == "graphs":
         require("torch", "torch_geometric", purpose="a GNN step model")
         from perfcast.models.gnn import step_graphs
 
         return step_graphs(configs, steps)
-    return query_features(configs, composed_frame(steps))
+    return step_features(configs, composed_frame(steps))
 
 
 class StepPredictor:
@@ -145,7 +149,7 @@ class StepPredictor:
             frame, out_of_domain = composer.compose_table(configs)
         composed = frame["step_ms"].to_numpy(dtype=float)
         if self.step_model is not None:
-            X = step_model_inputs(self.step_model, configs, steps) if needs_graphs else query_features(configs, frame)
+            X = step_model_inputs(self.step_model, configs, steps) if needs_graphs else step_features(configs, frame)
             pred = np.asarray(self.step_model.predict(X), dtype=float)
             interval = np.asarray(self.step_model.predict_interval(X, coverage=coverage), dtype=float)
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]

@@ -36,12 +36,10 @@ from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
 from perfcast.features.model import TransformerSpec
 from perfcast.features.run_config import RunConfig, parse_run_row
-from perfcast.features.run_features import featurize_runs
-from perfcast.models.component_factors import STACK_COLUMN
 from perfcast.models.composer import TIMING_SCOPES, StepComposer, composed_frame
 from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.step_model import StepTimeRegressor
-from perfcast.models.step_predictor import stated_stacks
+from perfcast.models.step_predictor import step_features
 from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import spearman, summarize
 
@@ -249,8 +247,8 @@ def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     An MLPerf row's round (``mlperf_version``) becomes its software release feature, and
     the framework a row states its training-stack label
     (:data:`~perfcast.models.component_factors.STACK_COLUMN`, read by the step model's
-    per-stack factors), by the same rule as a query's
-    (:func:`~perfcast.models.step_predictor.stated_stacks`): a row that states none has
+    per-stack factors), through the features a query gets
+    (:func:`~perfcast.models.step_predictor.step_features`): a row that states none has
     no stack and fits the global factors, which a query that states none gets.
 
     A row's ``overlap_grad_reduce`` (MLPerf's NeMo runs) hides its data-parallel sync
@@ -264,8 +262,7 @@ def build_step_table(runs: pd.DataFrame, composer: StepComposer) -> StepTable:
     kept = pd.concat([kept, composed], axis=1)
     kept["group"] = run_groups(configs)
     releases = kept["mlperf_version"].tolist() if "mlperf_version" in kept else None
-    features = featurize_runs(configs, composed, releases)
-    features[STACK_COLUMN] = pd.Series(stated_stacks(configs), index=features.index, dtype=object)
+    features = step_features(configs, composed, releases)
     return StepTable(runs=kept, features=features, configs=configs, steps=steps, errors=errors)
 
 
