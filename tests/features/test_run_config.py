@@ -162,6 +162,21 @@ def test_parse_run_table_gives_each_rows_config_or_error():
     assert parse_run_table(pd.DataFrame(index=range(2)))[1].args[0].startswith("missing model fields")
 
 
+def test_nullable_columns_read_their_gaps_as_empty_cells():
+    import pandas as pd
+
+    from perfcast.features.run_config import parse_run_table
+
+    rows = [{"model": "llama2-7b", "gpu": "h100", "tp": 2, "dp": 4, "global_batch": 8, "sequence_parallel": True},
+            {"model": "llama2-7b", "gpu": "h100", "tp": None, "dp": 4, "global_batch": None,
+             "sequence_parallel": None}]  # fmt: skip
+    plain = pd.DataFrame(rows)
+    nullable = plain.convert_dtypes()  # Int64 / boolean columns with pd.NA gaps
+    assert nullable["tp"].dtype == "Int64" and nullable["sequence_parallel"].dtype == "boolean"
+    assert parse_run_table(nullable) == parse_run_table(plain)
+    assert parse_run_row(nullable.iloc[1].to_dict()) == parse_run_row(plain.iloc[1].to_dict())
+
+
 LLAMA_ON_8 = {"model": "llama2-7b", "tp": 2, "dp": 4, "global_batch": 32, "micro_batch": 1, "gpu": "h100-sxm5-80gb",
               "num_gpus": 8, "dtype": "bf16", "recompute": "none", "flash_attention": True}  # fmt: skip
 

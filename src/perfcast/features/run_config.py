@@ -100,11 +100,12 @@ class RunConfig:
 
 
 def _present(value: Any) -> bool:
-    if value is None:
+    """Whether a cell holds a value: not None, NaN, ``pd.NA``/``NaT`` (nullable dtypes) or blank text."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    if value is None or value is pd.NA or value is pd.NaT:
         return False
-    if isinstance(value, float) and math.isnan(value):
-        return False
-    return not (isinstance(value, str) and not value.strip())
+    return not (isinstance(value, float) and math.isnan(value))
 
 
 def _coerce(name: str, value: Any) -> Any:
@@ -193,7 +194,7 @@ def _cell(name: str, value: Any) -> Any:
 def _column_cells(name: str, column: pd.Series) -> list[Any]:
     """:func:`_cell` of every cell of ``column`` (:data:`_ABSENT` where empty); whole-number
     and boolean columns convert at once."""
-    kind = column.dtype.kind
+    kind = column.dtype.kind if not column.hasnans else "O"  # a nullable column with gaps goes cell by cell
     if kind in "iu" and name in RUN_INT_FIELDS:  # whole numbers already: convert at once when all are in range
         exact_ints = bool(column.between(0 if name in FIELD_MIN_ZERO else 1, FIELD_MAX[name]).all())
     else:
