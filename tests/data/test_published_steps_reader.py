@@ -12,6 +12,7 @@ from fixtures.shared import shared_file
 
 from perfcast.data.readers.published_steps import (
     GPU_STAND_INS,
+    PACKED_DOCUMENT_TOKENS,
     PRESET_FILLS,
     PRESET_MODELS,
     SOURCE_TABLES,
@@ -214,6 +215,9 @@ def test_real_file() -> None:
     assert stand_in.sum() == 33 and (rec.loc[stand_in, "gpu"] == "h100-sxm5-80gb").all()
     assert rec.loc[stand_in, "defaulted_fields"].str.endswith("gpu").all()
     assert rec["defaulted_fields"].str.contains("micro_batch").sum() == 5  # torchtitan 1F1B PP rows
+    packed = rec["document_tokens"].notna()
+    assert set(rec.loc[packed, "finetune"]) == {"sft", "lora"} and packed.sum() == 6  # NeMo 24.07 on SQuAD
+    assert rec.loc[packed, "defaulted_fields"].str.contains("document_tokens").all()
     moved = rec["model"].isna() & rec["model_name"].notna()
     assert moved.sum() > 200 and not rec.loc[moved, "model_name"].isin(PRESET_MODELS).any()  # mpt-7b ...
     assert (rec["tp"] * rec["pp"] * rec["dp"] * rec["cp"] == rec["num_gpus"]).all()
@@ -226,6 +230,30 @@ def test_real_file() -> None:
     assert reasons.str.contains("no measured time").sum() == 5  # MaxText: TFLOP/s only
     assert "sft" in set(checked.records["finetune"])  # full-parameter fine-tuning: accepted
     assert reasons.str.contains("vocab_size must be a positive integer").sum() == 5  # 3 without a shape, 2 vocab
+
+
+@pytest.mark.shared_data
+def test_packed_document_tokens_are_what_nemos_flop_counts_imply() -> None:
+    """NeMo's FLOPs per token (TFLOP/s over tokens/s) solved for the attention length: the
+    pre-training rows give back their seq_len, the SQuAD rows at most PACKED_DOCUMENT_TOKENS."""
+    from perfcast.features.model import TransformerSpec
+
+    rec = read_published_steps(shared_file(REAL_NAME)).records
+    nemo = rec[(rec["source"] == "published:nemo-24.07") & (rec["finetune"].isna() | (rec["finetune"] == "sft"))]
+    implied = {}
+    for row in nemo.itertuples():
+        if row.model not in PRESET_MODELS or row.vocab_size != TransformerSpec.from_name(row.model).vocab_size:
+            continue
+        model = TransformerSpec.from_name(row.model)
+        per_token = row.measured_tflops_per_gpu * 1e12 / row.measured_tokens_per_s_per_gpu
+        slope = model.flops_per_token(2) - model.flops_per_token(1)
+        implied[(row.model, row.finetune)] = 1 + (per_token - model.flops_per_token(1)) / slope
+    pretraining = {k: v for k, v in implied.items() if k[1] is None}
+    sft = [v for k, v in implied.items() if k[1] == "sft"]
+    assert len(pretraining) >= 4 and len(sft) == 3
+    for (name, _), tokens in pretraining.items():
+        assert tokens == pytest.approx(TransformerSpec.from_name(name).seq_len, rel=0.01), name
+    assert round(max(sft)) == PACKED_DOCUMENT_TOKENS["SQuAD-v1.1 packed"]
 
 
 @pytest.mark.shared_data

@@ -211,6 +211,10 @@ def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     by_fields = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000,
                                "gpu": "h100-sxm5-80gb"})  # fmt: skip
     assert {"seq_len", "ffn_hidden_size", "num_kv_heads"} <= set(by_fields.defaulted)
+    # a fine-tuning run may pack its documents: the whole-sequence default is named
+    assert "document_tokens" in parse_run_row({**LLAMA_ON_8, "finetune": "sft"}).defaulted
+    assert "document_tokens" not in parse_run_row({**LLAMA_ON_8, "finetune": "sft", "document_tokens": 256}).defaulted
+    assert "document_tokens" not in bare.defaulted
     from_reader = parse_run_row({**LLAMA_ON_8, "defaulted_fields": "vpp, overlap_grad_reduce", "tp": 1, "dp": 8})
     assert from_reader.defaulted[:2] == ("vpp", "overlap_grad_reduce")  # the reader's names first, once each
     assert from_reader.defaulted.count("overlap_grad_reduce") == 1

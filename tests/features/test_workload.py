@@ -223,6 +223,31 @@ def test_context_parallelism_exchanges_kv_beside_attention():
     assert len(_ops(full, group="cp")) == 2
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+def test_packed_documents_run_attention_within_each_document(cp):
+    whole = _graph(cp=cp, global_batch=2, micro_batch=2)
+    packed = _graph(cp=cp, global_batch=2, micro_batch=2, document_tokens=GPT.seq_len // 4)
+    core = _ops(packed, name="attn.core").iloc[0]
+    assert (core["batch"], core["seq_q"], core["seq_kv"]) == (2 * 4, GPT.seq_len // 4 // cp, GPT.seq_len // 4)
+    # attention FLOPs scale with the document length; nothing else changes
+    assert _flops(packed, ["attention"]) == pytest.approx(_flops(whole, ["attention"]) / 4, rel=1e-12)
+    others = [op for op in set(whole.nodes["op"]) if op != "attention"]
+    assert _flops(packed, others) == pytest.approx(_flops(whole, others), rel=1e-12)
+    assert len(packed.nodes) == len(whole.nodes)
+
+
+def test_unfused_attention_ignores_packed_documents():
+    whole = _graph(global_batch=1, flash_attention=False)
+    packed = _graph(global_batch=1, flash_attention=False, document_tokens=GPT.seq_len // 4)
+    pd.testing.assert_frame_equal(whole.nodes, packed.nodes)
+
+
+@pytest.mark.parametrize("tokens", [GPT.seq_len + 1, 1])
+def test_document_tokens_outside_cp_to_seq_len_raise(tokens):
+    with pytest.raises(SpecError, match=f"document_tokens={tokens} must lie between cp=2"):
+        _graph(cp=2, global_batch=1, document_tokens=tokens)
+
+
 def test_expert_parallelism_all_to_alls_in_the_ep_group():
     mixtral = TransformerSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
     g = _graph(mixtral, dp=8, ep=4, global_batch=8)

@@ -86,6 +86,18 @@ def test_lora_counts_fewer_model_flops():
     assert _predict(**single, finetune="lora", lora_rank=8)["step_ms"] < _predict(**single)["step_ms"]
 
 
+def test_packed_documents_count_attention_over_the_document():
+    single = {"model": "llama2-7b", "dp": 1, "micro_batch": 1, "global_batch": 1}
+    whole = parse_run_row({**BASE, **single, "finetune": "sft"})
+    packed = parse_run_row({**BASE, **single, "finetune": "sft", "document_tokens": 512})
+    m = whole.model
+    causal_per_token = 6 * m.num_layers * m.num_heads * m.head_size  # per token of attention length
+    diff = model_flops_per_step(whole) - model_flops_per_step(packed)
+    assert diff == pytest.approx(causal_per_token * (m.seq_len - 512) * whole.tokens_per_step, rel=1e-12)
+    sft = {**single, "finetune": "sft"}
+    assert _predict(**sft, document_tokens=512)["step_ms"] < _predict(**sft)["step_ms"]
+
+
 def test_overlapping_the_gradient_reduction_helps():
     overlapped, exposed = _predict(overlap_grad_reduce=True), _predict(overlap_grad_reduce=False)
     assert overlapped["step_ms"] <= exposed["step_ms"]

@@ -95,7 +95,7 @@ def test_bad_inputs_name_the_problem():
         ComponentFactors.fit(shares, np.zeros(3), names=("attention",))
 
 
-def test_the_default_predictors_breakdown_carries_its_attention_factor():
+def test_the_default_predictors_breakdown_carries_its_physical_factors():
     from perfcast.features.run_config import parse_run_row
     from perfcast.models.step_predictor import StepPredictor
     from perfcast.serve.predictors import load_step_predictor
@@ -104,10 +104,11 @@ def test_the_default_predictors_breakdown_carries_its_attention_factor():
     composed = StepPredictor(default.op_predictor, default.collective_predictor)
     configs = [parse_run_row({"model": "llama2-7b", "gpu": "h100-sxm5-80gb", "seq_len": 16384, "global_batch": 8})]
     learned, plain = default.predict_configs(configs), composed.predict_configs(configs)
-    factor = default.step_model.factors_.factors["attention"]
-    assert factor > 1.0
+    factors = default.step_model.factors_.factors
+    assert factors["attention"] > 1.0 and factors["compute"] > 1.0
+    relative = factors["attention"] / factors["compute"]
     np.testing.assert_allclose(learned["attention_ms"] / learned["compute_ms"],
-                               factor * plain["attention_ms"] / plain["compute_ms"])  # fmt: skip
+                               relative * plain["attention_ms"] / plain["compute_ms"])  # fmt: skip
     parts = [c for c in learned.columns if c.endswith("_ms") and not c.startswith(("step", "composed"))]
     np.testing.assert_allclose(learned[parts].sum(axis=1), learned["step_ms"])
 

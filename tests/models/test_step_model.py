@@ -255,7 +255,9 @@ def test_per_stack_attention_factor_is_fitted_saved_and_read_from_the_stack_colu
     stacks = np.array(["megatron-core", "torchtitan"] * (len(X) // 2), dtype=object)
     k = np.where(stacks == "torchtitan", 1.8, 1.0)
     y = np.exp(X["log_composed_step_ms"] + np.log1p(X["frac_attention"] * (k - 1)))
-    model = StepTimeRegressor(n_estimators=20, stack_factors=("attention",), stack_prior=1e-4)
+    model = StepTimeRegressor(
+        n_estimators=20, physical_factors=("attention",), stack_factors=("attention",), stack_prior=1e-4
+    )
     model.fit(X.assign(**{STACK_COLUMN: stacks}), y.to_numpy())
     by_stack = model.factors_.by_stack
     assert by_stack["torchtitan"]["attention"] > 1.6 and by_stack["megatron-core"]["attention"] < 1.1
@@ -267,7 +269,7 @@ def test_per_stack_attention_factor_is_fitted_saved_and_read_from_the_stack_colu
     np.testing.assert_allclose(scale, np.log1p(query["frac_attention"].to_numpy() * (k_query - 1)))
     np.testing.assert_allclose(model.predict(query), loaded.predict(query))
     with pytest.raises(SpecError, match="stack_factors"):
-        StepTimeRegressor(stack_factors=("compute",)).fit(X, y.to_numpy())
+        StepTimeRegressor(stack_factors=("communication",)).fit(X, y.to_numpy())
 
 
 def test_no_physical_factors_means_no_stack_factors_either():

@@ -244,6 +244,7 @@ RUN_INT_COLUMNS = (
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
     "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "vpp", "zero_stage",
     "lora_rank", "num_gpus", "gpus_per_node", "nvlink_domain", "first_stage_layers", "last_stage_layers",
+    "document_tokens",
 )  # fmt: skip
 RUN_BOOL_COLUMNS = (
     "sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce",
@@ -293,6 +294,7 @@ FIELD_MAX: dict[str, int] = {
     "last_stage_layers": 10_000,
     "zero_stage": 3,
     "lora_rank": 2**16,
+    "document_tokens": 2**24,
     "num_gpus": 2**22,
     "gpus_per_node": 2**10,
     "nvlink_domain": 2**12,

@@ -121,12 +121,13 @@ SOFTWARE_COLUMNS: tuple[str, ...] = ("framework", *SOFTWARE_SWITCH_COLUMNS)
 
 RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
     "num_experts", "top_k", "etp", "gated_mlp", "model", "nvlink_domain", "inter_node", "fp8_recipe",
-    *PIPELINE_SPLIT_COLUMNS, *SOFTWARE_COLUMNS,
+    "document_tokens", *PIPELINE_SPLIT_COLUMNS, *SOFTWARE_COLUMNS,
 )  # fmt: skip
 """Optional run-table inputs (MoE, expert tensor parallelism ``etp`` (default 1) and gating, a
 model preset/config instead of the shape, the GPUs of one NVLink domain (72 on NVL72 racks;
 default from the catalog), fabric, the scaling recipe of fp8 runs: tensorwise | delayed |
-blockwise | mxfp8, the uneven-pipeline switches)."""
+blockwise | mxfp8, the attention length of sequences packed from several documents, the
+uneven-pipeline switches)."""
 
 RUN_MEASURED_COLUMN = "measured_step_ms"
 """Optional measured training-step time of the run table, ms."""

@@ -129,15 +129,19 @@ def _add_attention_core(
 ) -> None:
     """Scores, softmax and context of one layer: one fused op, or three unfused ones.
 
-    Unfused (``flash_attention=False``), K and V are broadcast to every query head and
-    the full score matrix is computed and normalised in memory, causal mask or not.
+    Fused, the op runs over each sequence's attention documents
+    (:meth:`~perfcast.features.parallel.ParallelConfig.attention_documents`: the whole
+    sequence, or its packed documents). Unfused (``flash_attention=False``), K and V are
+    broadcast to every query head and the full score matrix of the sequence is computed
+    and normalised in memory, causal or packed mask or not.
     """
     s_q, s_kv = model.seq_len // p.cp, model.seq_len
     hd = (model.qk_head_size + model.v_head_size) // 2  # MLA: the FLOP-equal mean of the Q/K and V head sizes
-    for name, n_heads, n_kv, keys, causal in _attention_parts(model, heads, kv, s_kv):
+    documents, doc_kv = p.attention_documents(model.seq_len) if p.flash_attention else (1, s_kv)
+    for name, n_heads, n_kv, keys, causal in _attention_parts(model, heads, kv, doc_kv):
         if p.flash_attention:
-            b.add(name, scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch, heads=n_heads, kv_heads=n_kv,
-                  seq_q=s_q, seq_kv=keys, head_dim=hd, causal=causal)  # fmt: skip
+            b.add(name, scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch * documents, heads=n_heads,
+                  kv_heads=n_kv, seq_q=max(1, doc_kv // p.cp), seq_kv=keys, head_dim=hd, causal=causal)  # fmt: skip
             continue
         batch = p.micro_batch * n_heads
         b.add(f"{name}.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=keys)

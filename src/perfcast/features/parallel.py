@@ -68,6 +68,17 @@ class ParallelConfig(BaseModel):
     ``distributed_fused_adam``), so only the part longer than that backward is exposed;
     the default is the exposed sync of Megatron-DeepSpeed.
 
+    ``document_tokens`` is the attention length of sequences packed from several documents
+    with a per-document attention mask (NeMo's packed fine-tuning datasets, FlashAttention
+    varlen / Transformer Engine THD): the fused attention core of each sequence runs as
+    ``round(seq_len / document_tokens)`` documents of ``document_tokens`` tokens each (with
+    context parallelism, each rank holds ``document_tokens / cp`` queries of each document),
+    and model FLOPs count attention over that length. For documents of unequal lengths
+    ``d_i`` state ``sum(d_i**2) / sum(d_i)``, the length with the same attention FLOPs.
+    ``None``: attention spans the whole sequence (pre-training, where Megatron-style
+    stacks attend across the documents of a packed sequence). Unfused attention
+    (``flash_attention=False``) computes the whole masked score matrix and is unchanged.
+
     Software (``docs/frameworks.md``): ``framework`` names the training framework whose
     shipped defaults filled the switches a row left unstated
     (:func:`~perfcast.features.frameworks.framework_fields`); it changes nothing by
@@ -97,6 +108,7 @@ class ParallelConfig(BaseModel):
     recompute: Recompute = Recompute.NONE
     finetune: Finetune = Finetune.FULL
     lora_rank: int = Field(0, ge=0, le=FIELD_MAX["lora_rank"])
+    document_tokens: int | None = Field(None, ge=1, le=FIELD_MAX["document_tokens"])
     dtype: DType = DType.BF16
     fp8_recipe: Fp8Recipe | None = None
     flash_attention: bool = True
@@ -207,6 +219,13 @@ class ParallelConfig(BaseModel):
         """Expert-data-parallel ranks: ``tp*cp*dp / (ep*etp)``, the ranks holding the same experts."""
         return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
+    def attention_documents(self, seq_len: int) -> tuple[int, int]:
+        """``(documents, tokens)`` per sequence of ``seq_len`` tokens that the attention core
+        runs over: ``(1, seq_len)``, or the packed documents of ``document_tokens``."""
+        if self.document_tokens is None:
+            return 1, seq_len
+        return max(1, round(seq_len / self.document_tokens)), self.document_tokens
+
     @property
     def num_microbatches(self) -> int:
         """Microbatches each pipeline processes per step (gradient-accumulation steps)."""
@@ -240,6 +259,11 @@ def check_layout(model: TransformerSpec, parallel: ParallelConfig, cluster: Clus
         )
     if m.seq_len % p.cp:
         raise SpecError(f"cp={p.cp} does not divide seq_len={m.seq_len}")
+    if p.document_tokens is not None and not p.cp <= p.document_tokens <= m.seq_len:
+        raise SpecError(
+            f"document_tokens={p.document_tokens} must lie between cp={p.cp} (each context-parallel rank holds "
+            f"part of every document) and seq_len={m.seq_len} (documents are packed into a sequence)"
+        )
     if p.sequence_parallel and (m.seq_len // p.cp) % p.tp:
         raise SpecError(
             f"sequence_parallel needs tp={p.tp} to divide the per-rank sequence seq_len/cp={m.seq_len // p.cp}"

@@ -62,6 +62,7 @@ PARALLEL_FIELDS = (
     "flash_attention",
     "fp8_recipe",
     "etp",
+    "document_tokens",
     *PIPELINE_SPLIT_COLUMNS,
     *SOFTWARE_COLUMNS,
 )
@@ -307,6 +308,7 @@ def defaulted_names(
         "recompute": True,
         "flash_attention": True,
         "lora_rank": p.finetune is Finetune.LORA and not cells.get("lora_rank"),
+        "document_tokens": p.finetune is not Finetune.FULL,
         "vpp": p.pp > 1,
         "sequence_parallel": p.tp > 1,
         "etp": model is not None and model.is_moe and p.tp > 1,

@@ -172,7 +172,8 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
     overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0)
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
-            p.flash_attention, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p), *overlaps)  # fmt: skip
+            p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
+            *overlaps)  # fmt: skip
 
 
 def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:

@@ -28,13 +28,15 @@ def model_flops_per_step(config: RunConfig) -> float:
     """Model FLOPs of one step (Narayanan et al. convention, no recomputation).
 
     Attention counts causal: half of the full-attention term ``12*L*s*(nh*hd)`` of
-    :meth:`TransformerSpec.flops_per_token`, as the workload graph executes it. Counting the
+    :meth:`TransformerSpec.flops_per_token`, as the workload graph executes it, with ``s``
+    the attention length (``document_tokens`` of a packed run, else ``seq_len``). Counting the
     full term would let the MFU of this lower-bound predictor exceed 1 at long sequences.
     LoRA computes no weight gradients of the frozen base: ``2 * N_matmul`` fewer FLOPs
     per token.
     """
     model = config.model
-    per_token = model.flops_per_token() - 6.0 * model.num_layers * model.seq_len * model.num_heads * model.head_size
+    span = config.parallel.attention_documents(model.seq_len)[1]
+    per_token = model.flops_per_token(span) - 6.0 * model.num_layers * span * model.num_heads * model.head_size
     if config.parallel.finetune is Finetune.LORA:
         per_token -= 2.0 * config.model.num_matmul_params
     return per_token * config.tokens_per_step

@@ -100,12 +100,12 @@ def _generation_years() -> dict[str, float]:
 
 def model_flops(configs: Sequence[RunConfig], timing_scopes: Sequence[str] | None = None) -> np.ndarray:
     """Model FLOPs of each config's measured time (see the module docstring), FLOPs; each
-    distinct (model, fine-tuning, global batch) is counted once."""
+    distinct (model, fine-tuning, attention length, global batch) is counted once."""
     scopes = timing_scopes or ["step"] * len(configs)
-    per_step: dict[tuple[int, object, int], float] = {}
+    per_step: dict[tuple[int, object, int | None, int], float] = {}
     out = np.empty(len(configs))
     for i, (c, s) in enumerate(zip(configs, scopes, strict=True)):
-        key = (id(c.model), c.parallel.finetune, c.parallel.global_batch)
+        key = (id(c.model), c.parallel.finetune, c.parallel.document_tokens, c.parallel.global_batch)
         if key not in per_step:
             per_step[key] = model_flops_per_step(c)
         out[i] = per_step[key] * _FORWARD_SHARE[s]

@@ -203,7 +203,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         shrink_out_of_domain: bool = True,
         ood_correction: str = "scaled",
         ood_interval: str = "domain",
-        physical_factors: tuple[str, ...] = ("attention",),
+        physical_factors: tuple[str, ...] = ("attention", "compute"),
         factor_prior: float = 0.01,
         stack_factors: tuple[str, ...] | None = None,
         stack_prior: float = 0.01,

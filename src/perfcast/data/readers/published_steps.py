@@ -28,6 +28,11 @@ Mapping, one record per source row:
   must name a preset and the shape columns already describe the model.
 * ``finetune``: as given (``sft`` = full-parameter supervised fine-tuning, ``lora``);
   empty for pre-training rows.
+* ``document_tokens``: the attention length of a fine-tuning dataset packed with
+  per-document attention masks, for rows whose ``notes`` name a dataset of
+  :data:`PACKED_DOCUMENT_TOKENS` (NeMo 24.07's SQuAD runs, "packed to 4096 tokens"); named in
+  ``defaulted_fields``, since no row states it. Empty elsewhere (attention over the whole
+  sequence).
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
 * ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
   is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
@@ -109,6 +114,20 @@ part the catalog has (same GH100 SXM module, HBM3, 700 W) rather than dropped; t
 limit and bandwidth are not modelled, so these runs may measure slower than the stand-in
 predicts. ``gpu`` is named in ``defaulted_fields``; ``device_name`` keeps the file's spelling."""
 
+PACKED_DOCUMENT_TOKENS: dict[str, int] = {"SQuAD-v1.1 packed": 128}
+"""Text of a row's ``notes`` naming a packed fine-tuning dataset -> its attention length,
+tokens (``document_tokens``).
+
+NeMo 24.07 fine-tunes on SQuAD v1.1 with several question-answer documents packed into
+each 4096-token sequence and attention kept within each document. No row states the
+documents' length; the table's own FLOP counts bound it. Its stated TFLOP/s per GPU divided by
+its tokens/s per GPU is NeMo's model FLOPs per token, which for the pre-training rows matches
+Megatron's count (:meth:`~perfcast.features.model_counts.ModelCounts.flops_per_token`) at the
+row's ``seq_len`` to 0.1% (the attention length it implies lies within 1% of ``seq_len``); for
+the SFT rows it implies attention over 128, 93 and 21 tokens (7B, 13B, 70B), so NeMo counted
+documents of about a hundred tokens. The largest of these is used (a test recomputes them);
+a step barely changes between 128 and 512 tokens, where attention is a few percent of it."""
+
 SHAPE_FIELDS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Shape columns a row must give for a non-preset ``model`` name to move to ``model_name``."""
 
@@ -131,7 +150,7 @@ _DERIVED_NOTE = "step_ms derived"
 _OUTPUT_EXTRA = (
     "num_experts", "top_k", "model", "model_name", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
     "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu", "source", "source_text",
-    "source_commit", "source_path", "source_row", "device_name", "notes", "defaulted_fields",
+    "source_commit", "source_path", "source_row", "device_name", "notes", "document_tokens", "defaulted_fields",
 )  # fmt: skip
 
 
@@ -253,6 +272,16 @@ def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.nd
     return fill
 
 
+def _packed_document_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
+    """Set ``document_tokens`` of rows whose notes name a :data:`PACKED_DOCUMENT_TOKENS` dataset;
+    True where set."""
+    tokens = pd.Series(pd.NA, index=out.index, dtype="Int64")
+    for phrase, length in PACKED_DOCUMENT_TOKENS.items():
+        tokens[notes.fillna("").str.contains(phrase, regex=False)] = length
+    out["document_tokens"] = tokens
+    return tokens.notna().to_numpy(dtype=bool)
+
+
 def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -> pd.DataFrame:
     """The accepted rows as run records, in column order (see :func:`read_published_steps`)."""
     out = num[[c for c in num.columns if c in (*_NUMBER_COLUMNS, "sequence_parallel")]].copy()
@@ -262,6 +291,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     defaulted = _preset_fills(out, text["model"])
     frameworks = tables.map(lambda t: t[1])
     defaulted = name_defaulted(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
+    defaulted = name_defaulted(defaulted, _packed_document_fills(out, text["notes"]), "document_tokens")
     out["model_name"] = out["model"]
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
     unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
