@@ -8,7 +8,7 @@ each of :data:`~perfcast.models.step_model.INTERVAL_LEVELS`: ``pooled`` (the qua
 coverage), ``group_median`` (the level at which the median training source's held-out
 residuals are covered at 90%, :meth:`~perfcast.models.step_model.StepTimeRegressor.calibrated_level`)
 and ``group_median_in_domain`` (that level for rows inside the training range, the pooled one beyond).
-The median prediction is the same for both (same MAPE); bounds are raised to the MFU-ceiling
+The median prediction is the same for every level (same MAPE); bounds are raised to the MFU-ceiling
 floor as ``step_transfer_eval.py``'s ``+bound`` predictors are. Each seed (``--seeds``) refits
 every model with that ``random_state`` (booster sampling and calibration folds).
 
@@ -93,7 +93,7 @@ def main() -> None:
         f"`benchmarks/step_interval_eval.py`; {len(table.runs)} composed runs; leave-one-source-out; seeds "
         f"{args.seeds}; {time.perf_counter() - start:.0f} s. Coverage of the 90% interval per held-out source; "
         "relative width (hi - lo) / pred, mean over runs, then over sources; MAPE in percent (the same for "
-        "both levels).\n",
+        "every level).\n",
         "## Summary\n",
         table_md(summary.set_index(["seed", "interval_level"])[["median_coverage", "min_coverage"]], True),
         table_md(summary.set_index(["seed", "interval_level"])[["mean_mape", "mean_rel_width"]], False),
