@@ -276,3 +276,70 @@ def test_no_physical_factors_means_no_stack_factors_either():
     X, y, groups = _data(120)
     model = StepTimeRegressor(n_estimators=10, physical_factors=()).fit(X, y, groups=groups)
     assert model.factors_.factors == {} and model.factors_.by_stack == {}
+
+
+@pytest.fixture(scope="module")
+def heavy_tail():
+    """Four calibration groups ('sources'): three with small errors, one with errors 10x larger."""
+    X, y, groups = _data(n=400, seed=7)
+    source = np.arange(len(y)) % 4
+    noise = np.random.default_rng(8).normal(0.0, np.where(source == 3, 0.5, 0.05))
+    y = y * np.exp(noise)
+    weights = np.full(len(y), 1.0)
+    return X, y, groups, source, weights
+
+
+def test_group_median_level_covers_the_median_group_at_the_coverage(heavy_tail, tmp_path):
+    X, y, groups, source, weights = heavy_tail
+    domains = source * 10 + groups
+    model = StepTimeRegressor(**SMALL).fit(
+        X, y, groups=groups, domain_groups=domains, sample_weight=weights, calibration_groups=source
+    )
+    assert model.domain_residual_groups_.shape == model.domain_residuals_.shape
+    assert model.calibrated_level(0.9) == 0.9  # pooled by default
+    model.set_params(interval_level="group_median")
+    level = model.calibrated_level(0.9)
+    assert 0.5 < level < 0.9  # the heavy group widens the pooled quantiles: the median group needs less
+    (c_lo, c_hi), (d_lo, d_hi) = model._quantiles(level)
+    lo, hi = min(c_lo, d_lo), max(c_hi, d_hi)
+    r, g = model.domain_residuals_, model.domain_residual_groups_
+    assert np.median([np.mean((r[g == k] >= lo) & (r[g == k] <= hi)) for k in np.unique(g)]) >= 0.9
+    narrow = np.diff(model.predict_interval(X[:20]), axis=1)
+    wide = np.diff(model.set_params(interval_level="pooled").predict_interval(X[:20]), axis=1)
+    assert (narrow < wide).all()
+    model.set_params(interval_level="group_median")
+    loaded = StepTimeRegressor._load_from(tmp_path, model._save_to(tmp_path))
+    np.testing.assert_array_equal(loaded.predict_interval(X[:20]), model.predict_interval(X[:20]))
+
+
+def test_group_median_in_domain_keeps_the_pooled_level_beyond_the_training_range(heavy_tail):
+    X, y, groups, source, weights = heavy_tail
+    model = StepTimeRegressor(interval_level="group_median_in_domain", **SMALL).fit(
+        X, y, groups=groups, domain_groups=source * 10 + groups, calibration_groups=source
+    )
+    inside = X.iloc[:10].copy()
+    outside = inside.assign(peak_tflops=X["peak_tflops"].max() + 10.0)
+    in_domain = model.predict_interval(inside)
+    np.testing.assert_array_equal(in_domain, model.set_params(interval_level="group_median").predict_interval(inside))
+    pooled = model.set_params(interval_level="pooled").predict_interval(outside)
+    np.testing.assert_array_equal(model.set_params(interval_level="group_median_in_domain").predict_interval(outside),
+                                  pooled)  # fmt: skip
+
+
+def test_without_calibration_groups_the_level_is_the_coverage(heavy_tail, tmp_path):
+    X, y, groups, source, _ = heavy_tail
+    model = StepTimeRegressor(interval_level="group_median", **SMALL).fit(X, y, groups=groups)
+    assert model.calibrated_level(0.8) == 0.8 and len(model.residual_groups_) == 0
+    grouped = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, calibration_groups=source)
+    meta = grouped._save_to(tmp_path)
+    old = {k: v for k, v in meta.items() if not k.endswith("residual_groups")}  # a bundle saved before groups
+    legacy = StepTimeRegressor._load_from(
+        tmp_path, {**old, "params": {**meta["params"], "interval_level": "group_median"}}
+    )
+    assert legacy.calibrated_level(0.9) == 0.9
+    with pytest.raises(BundleError, match="malformed"):
+        StepTimeRegressor._load_from(tmp_path, {**meta, "residual_groups": ["a"]})
+    with pytest.raises(SpecError, match="interval_level"):
+        StepTimeRegressor(interval_level="median", **SMALL).fit(X, y)
+    with pytest.raises(SpecError, match="calibration_groups"):
+        StepTimeRegressor(**SMALL).fit(X, y, calibration_groups=np.zeros(3))

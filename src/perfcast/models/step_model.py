@@ -81,6 +81,23 @@ planning a run today gets the correction of the newest round rather than an aver
 older ones (measured effect: ``benchmarks/results/step_eval.md``). Not knowing the query's
 release is itself an uncertainty, so under ``ood_interval="domain"`` such a row's interval
 also takes the residuals of held-out (source, GPU, release) groups.
+
+Level per group (``interval_level="group_median"``): the pooled quantiles cover a
+``coverage`` share of all held-out residuals, but the errors differ by source: one
+heavy-tailed source widens the pooled quantiles for all, so the other sources are covered
+well above ``coverage`` (``benchmarks/results/step_interval_eval.md``). With
+``fit(..., calibration_groups=...)`` (e.g. each row's source) the quantiles are read instead
+at the level ``l`` at which the median over calibration groups of the share of their
+held-out residuals inside the interval reaches ``coverage``
+(:meth:`StepTimeRegressor.calibrated_level`: the smallest such ``l``, by bisection; the
+domain residuals under the bounds of a row with no stated release, or the cluster-size
+residuals without domain residuals). Only the training rows' held-out residuals enter, so
+the level is as honest as the pooled one. A new source with heavier errors than any
+training source is not covered better this way (no training residual shows its errors);
+it is covered as before where the training sources are alike, their level then near
+``coverage``. ``"group_median_in_domain"`` reads that level only for rows inside the
+training range (``d = 0``); a row beyond it keeps the pooled level, its interval already an
+extrapolation (times ``1 + d``) of errors the groups did not show.
 """
 
 from __future__ import annotations
@@ -108,6 +125,7 @@ from perfcast.models.physics_bounds import MFUCeiling
 __all__ = [
     "DEFAULT_FEATURES",
     "DOMAIN_FEATURES",
+    "INTERVAL_LEVELS",
     "OOD_CORRECTIONS",
     "OOD_INTERVALS",
     "SCALE_FEATURES",
@@ -128,6 +146,10 @@ OOD_CORRECTIONS: tuple[str, ...] = ("scaled", "none")
 """Correction of a row at extrapolation distance ``d > 0``: ``f / (1 + d)``, or none (the composed step)."""
 OOD_INTERVALS: tuple[str, ...] = ("domain", "wider", "cluster")
 """Which held-out residuals a row's interval uses (see the module docstring)."""
+INTERVAL_LEVELS: tuple[str, ...] = ("pooled", "group_median", "group_median_in_domain")
+"""How the quantile level of the interval is read: ``coverage`` itself on the pooled residuals; the
+level at which the median calibration group's held-out residuals are covered at ``coverage``; or that
+level for rows inside the training range (``d = 0``) and ``coverage`` for rows beyond it."""
 
 
 def _ranges(data: np.ndarray) -> np.ndarray:
@@ -150,6 +172,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             and widen their interval (see the module docstring).
         ood_correction: one of :data:`OOD_CORRECTIONS`, how rows with ``d > 0`` are shrunk.
         ood_interval: one of :data:`OOD_INTERVALS`, where the domain-held-out residuals apply.
+        interval_level: one of :data:`INTERVAL_LEVELS`; the group levels need ``calibration_groups``
+            in ``fit`` (without them the level is ``coverage``, as ``"pooled"``).
         physical_factors: the components of the composed step (keys of
             :data:`~perfcast.models.component_factors.COMPONENTS`) that get a fitted time
             factor before the booster; empty for none.
@@ -177,6 +201,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         residual_weights_: weight of each residual (its row's sample weight), summing to 1.
         domain_residuals_, domain_residual_weights_: the same for held-out domain groups
             (empty without ``domain_groups``).
+        residual_groups_, domain_residual_groups_: the calibration group (``calibration_groups``)
+            of each residual, in the same order (empty without ``calibration_groups``).
         domain_features_: the used features of :data:`DOMAIN_FEATURES`, in order.
         feature_ranges_: ``(2, len(domain_features_))`` training minimum and maximum of each.
         latest_release_: the newest software release of the training rows (NaN if none
@@ -203,6 +229,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         shrink_out_of_domain: bool = True,
         ood_correction: str = "scaled",
         ood_interval: str = "domain",
+        interval_level: str = "pooled",
         physical_factors: tuple[str, ...] = ("attention", "compute"),
         factor_prior: float = 0.01,
         stack_factors: tuple[str, ...] | None = None,
@@ -223,6 +250,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.shrink_out_of_domain = shrink_out_of_domain
         self.ood_correction = ood_correction
         self.ood_interval = ood_interval
+        self.interval_level = interval_level
         self.physical_factors = physical_factors
         self.factor_prior = factor_prior
         self.stack_factors = stack_factors
@@ -242,6 +270,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         domain_groups: Any = None,
         sample_weight: Any = None,
         mfu_ceiling: Any = None,
+        calibration_groups: Any = None,
     ) -> Self:
         """Fit the booster on all rows and the conformal residuals on held-out groups.
 
@@ -256,6 +285,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             mfu_ceiling: optional :class:`~perfcast.models.physics_bounds.MFUCeiling` fitted on
                 the same runs; kept as ``mfu_ceiling_`` (saved with the model) for the step
                 predictor's physics floor. ``None`` leaves the floor at MFU 1.
+            calibration_groups: optional label per row (e.g. the source) whose median coverage sets
+                the quantile level under ``interval_level="group_median"``; kept with the residuals.
 
         Raises:
             SpecError: bad shapes, missing columns, non-positive times, fewer than 2 groups.
@@ -268,6 +299,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             raise SpecError(f"correction_scale={self.correction_scale!r} must be in [0, 1]")
         if self.ood_interval not in OOD_INTERVALS:
             raise SpecError(f"ood_interval={self.ood_interval!r} unknown; allowed: {', '.join(OOD_INTERVALS)}")
+        if self.interval_level not in INTERVAL_LEVELS:
+            raise SpecError(f"interval_level={self.interval_level!r} unknown; allowed: {', '.join(INTERVAL_LEVELS)}")
         unknown = [c for c in self.physical_factors if c not in COMPONENTS]
         if unknown:
             raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
@@ -288,6 +321,13 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         domains = None if domain_groups is None else np.asarray(domain_groups)
         if domains is not None and domains.shape != target.shape:
             raise SpecError(f"domain_groups has {domains.shape[0]} entries for {len(target)} rows")
+        calibration = None if calibration_groups is None else np.asarray(calibration_groups).astype(str)
+        if calibration is not None and calibration.shape != target.shape:
+            raise SpecError(f"calibration_groups has {calibration.shape[0]} entries for {len(target)} rows")
+
+        def keep(order: np.ndarray) -> np.ndarray:  # the calibration group of each sorted residual
+            return np.empty(0, str) if calibration is None else calibration[order]
+
         data = X.loc[:, names].to_numpy(dtype=float)
         shares = component_shares(X, self.physical_factors)
         stacks = stack_labels(X)
@@ -295,15 +335,18 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         rng = np.random.default_rng(self.random_state)
         fold_of_group = rng.permutation(len(unique)) % min(self.n_calibration_folds, len(unique))
         folds = fold_of_group[np.searchsorted(unique, labels)]
-        self.residuals_, self.residual_weights_ = self._held_out_scores(
+        self.residuals_, self.residual_weights_, order = self._held_out_scores(
             data, shares, stacks, target, weights, folds, check
         )
+        self.residual_groups_ = keep(order)
         self.domain_residuals_, self.domain_residual_weights_ = np.empty(0), np.empty(0)
+        self.domain_residual_groups_ = np.empty(0, str)
         if domains is not None and len(np.unique(domains)) >= 2:
             domain_folds = np.searchsorted(np.unique(domains), domains)
-            self.domain_residuals_, self.domain_residual_weights_ = self._held_out_scores(
+            self.domain_residuals_, self.domain_residual_weights_, order = self._held_out_scores(
                 data, shares, stacks, target, weights, domain_folds, check
             )
+            self.domain_residual_groups_ = keep(order)
         self.feature_names_ = names
         releases = X[RELEASE_COLUMN].to_numpy(dtype=float) if RELEASE_COLUMN in names else np.empty(0)
         self.latest_release_ = float(np.nanmax(releases)) if np.isfinite(releases).any() else float("nan")
@@ -338,9 +381,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         weights: np.ndarray,
         folds: np.ndarray,
         check: np.ndarray,
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Sorted conformal scores of each fold held out in turn (factors and booster fitted
-        without it), and their weights (summing to 1)."""
+        without it), their weights (summing to 1) and the row index of each."""
         residuals = np.empty(len(target))
         for k in np.unique(folds):
             held = folds == k
@@ -353,7 +396,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         order = np.argsort(residuals, kind="stable")
         total = weights.sum()
         w = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
-        return residuals[order], w
+        return residuals[order], w, order
 
     def _shrink(self, raw: np.ndarray, distance: np.ndarray) -> np.ndarray:
         """The log correction of rows at extrapolation ``distance`` (see :data:`OOD_CORRECTIONS`)."""
@@ -446,21 +489,69 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         """Median step time, ms."""
         return np.exp(self._log_pred(X)[0])
 
+    def _uses_domain(self) -> bool:
+        return bool(len(self.domain_residuals_)) and self.ood_interval != "cluster"
+
+    def _quantiles(self, level: float) -> tuple[tuple[float, float], tuple[float, float] | None]:
+        """Cluster-size and (if used) domain log quantiles at quantile ``level``, straddling 0."""
+        cluster = straddle_zero(*weighted_conformal_bounds(self.residuals_, self.residual_weights_, level))
+        if not self._uses_domain():
+            return cluster, None
+        return cluster, straddle_zero(
+            *weighted_conformal_bounds(self.domain_residuals_, self.domain_residual_weights_, level)
+        )
+
+    def calibrated_level(self, coverage: float = 0.9) -> float:
+        """The quantile level the ``coverage`` interval is read at (see the module docstring).
+
+        ``coverage`` under ``interval_level="pooled"`` or without calibration groups; else the
+        smallest level (bisection, to 1e-4) at which the median over calibration groups of the
+        share of their held-out residuals (domain ones if used) inside the widest bounds a row
+        can get reaches ``coverage``.
+        """
+        check_coverage(coverage)
+        domain = self._uses_domain()
+        groups = getattr(self, "domain_residual_groups_" if domain else "residual_groups_", np.empty(0))
+        if self.interval_level == "pooled" or len(groups) == 0:
+            return coverage
+        scores = self.domain_residuals_ if domain else self.residuals_
+        labels = np.unique(groups, return_inverse=True)[1]
+
+        def median_coverage(level: float) -> float:
+            (c_lo, c_hi), dom = self._quantiles(level)
+            lo, hi = (c_lo, c_hi) if dom is None else (min(c_lo, dom[0]), max(c_hi, dom[1]))
+            inside = (scores >= lo) & (scores <= hi)
+            return float(np.median(np.bincount(labels, weights=inside) / np.bincount(labels)))
+
+        lo, hi = 0.0, 1.0 - 1e-9  # at the top every residual lies inside: coverage 1 for every group
+        while hi - lo > 1e-4:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if median_coverage(mid) < coverage else (lo, mid)
+        return hi
+
+    def _log_bounds(self, X: pd.DataFrame, distance: np.ndarray, level: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, the log quantiles (before the ``1 + d`` scale) at quantile ``level``."""
+        (c_lo, c_hi), domain = self._quantiles(level)
+        lo_q, hi_q = np.full(len(distance), c_lo), np.full(len(distance), c_hi)
+        if domain is not None:
+            d_lo, d_hi = domain
+            if self.ood_interval == "wider":
+                rows = np.ones(len(distance), dtype=bool)
+            else:
+                rows = (distance > 0) | self._unstated_release(X)
+            lo_q[rows], hi_q[rows] = np.minimum(lo_q[rows], d_lo), np.maximum(hi_q[rows], d_hi)
+        return lo_q, hi_q
+
     def predict_interval(self, X: pd.DataFrame, *, coverage: float = 0.9) -> np.ndarray:
         """``(n, 2)`` lower and upper bounds of the ``coverage`` interval, ms."""
         check_coverage(coverage)
         log_pred, distance = self._log_pred(X)
-        c_lo, c_hi = straddle_zero(*weighted_conformal_bounds(self.residuals_, self.residual_weights_, coverage))
-        lo_q, hi_q = np.full(len(log_pred), c_lo), np.full(len(log_pred), c_hi)
-        if len(self.domain_residuals_) and self.ood_interval != "cluster":
-            d_lo, d_hi = straddle_zero(
-                *weighted_conformal_bounds(self.domain_residuals_, self.domain_residual_weights_, coverage)
-            )
-            if self.ood_interval == "wider":
-                rows = np.ones(len(log_pred), dtype=bool)
-            else:
-                rows = (distance > 0) | self._unstated_release(X)
-            lo_q[rows], hi_q[rows] = np.minimum(lo_q[rows], d_lo), np.maximum(hi_q[rows], d_hi)
+        level = self.calibrated_level(coverage)
+        lo_q, hi_q = self._log_bounds(X, distance, level)
+        beyond = distance > 0
+        if self.interval_level == "group_median_in_domain" and level != coverage and beyond.any():
+            p_lo, p_hi = self._log_bounds(X, distance, coverage)  # rows beyond the training range: pooled level
+            lo_q[beyond], hi_q[beyond] = p_lo[beyond], p_hi[beyond]
         scale = 1.0 + distance
         return np.column_stack([np.exp(log_pred + lo_q * scale), np.exp(log_pred + hi_q * scale)])
 
@@ -482,6 +573,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "residual_weights": self.residual_weights_.tolist(),
             "domain_residuals": self.domain_residuals_.tolist(),
             "domain_residual_weights": self.domain_residual_weights_.tolist(),
+            "residual_groups": [str(g) for g in getattr(self, "residual_groups_", [])],
+            "domain_residual_groups": [str(g) for g in getattr(self, "domain_residual_groups_", [])],
             "domain_features": list(self.domain_features_),
             "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "latest_release": None if np.isnan(self.latest_release_) else self.latest_release_,
@@ -523,6 +616,13 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             model.domain_residual_weights_ = np.asarray(meta.get("domain_residual_weights", []), dtype=float)
             if model.domain_residuals_.shape != model.domain_residual_weights_.shape:
                 raise ValueError("domain_residuals and domain_residual_weights differ in length")
+            # bundles saved before calibration groups: none (the level is the coverage)
+            model.residual_groups_ = np.asarray(meta.get("residual_groups", []), dtype=str)
+            model.domain_residual_groups_ = np.asarray(meta.get("domain_residual_groups", []), dtype=str)
+            if len(model.residual_groups_) not in (0, len(model.residuals_)) or len(
+                model.domain_residual_groups_
+            ) not in (0, len(model.domain_residuals_)):
+                raise ValueError("residual groups and residuals differ in length")
             model.domain_features_ = tuple(meta.get("domain_features", ()))
             n = len(model.domain_features_)
             model.feature_ranges_ = np.array(meta.get("feature_ranges", [[], []]), dtype=float).reshape(2, n)

@@ -363,7 +363,8 @@ def fit_step_model(
     the cluster size, as the model is used to extrapolate to other cluster sizes) and,
     with ``hold_out_domains``, from held-out :func:`domain_groups` (GPU type and release).
     With ``balance_sources`` each source's rows weigh the same in total, so a large table
-    (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48). The model keeps an
+    (vTrain's 1,440 runs) does not drown a small one (MLPerf's 48). Each row's source is its
+    calibration group (read under ``interval_level="group_median"``). The model keeps an
     :class:`~perfcast.models.physics_bounds.MFUCeiling` fitted on the same rows (the step
     predictor's physics floor).
     """
@@ -385,6 +386,7 @@ def fit_step_model(
         domain_groups=domains,
         sample_weight=weights,
         mfu_ceiling=ceiling,
+        calibration_groups=runs["source"].astype(str).to_numpy(),
     )
 
 
