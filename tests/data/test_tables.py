@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -13,10 +14,20 @@ from perfcast.data.tables import (
     OP_OUTPUT_COLUMNS,
     RUN_COLUMNS,
     RUN_OUTPUT_COLUMNS,
+    cell_holds_value,
     read_table,
     write_table,
 )
 from perfcast.errors import DatasetError
+
+
+@pytest.mark.parametrize(
+    ("value", "holds"),
+    [(None, False), (float("nan"), False), (np.float32("nan"), False), (pd.NA, False), (pd.NaT, False), (" ", False),
+     ("", False), ("x", True), (0, True), (np.int64(3), True), (False, True), ({"num_layers": 2}, True)],
+)  # fmt: skip
+def test_cell_holds_value(value, holds) -> None:
+    assert cell_holds_value(value) is holds
 
 
 @pytest.fixture()

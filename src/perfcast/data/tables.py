@@ -164,6 +164,14 @@ STDOUT = "-"
 """The output name that means standard output."""
 
 
+def cell_holds_value(value: object) -> bool:
+    """Whether a table cell holds a value: not None, NaN, ``pd.NA``/``NaT`` (nullable dtypes) or blank text."""
+    if isinstance(value, str):
+        return bool(value.strip())
+    missing = pd.isna(value)  # None, NaN of any float type, pd.NA, NaT; False for a mapping (an inline config)
+    return True if hasattr(missing, "__len__") else not bool(missing)  # a list-like cell holds a value
+
+
 def table_format(path: Path) -> str:
     """Return ``"csv"``, ``"parquet"``, ``"json"`` or ``"jsonl"`` from the file name, or raise DatasetError."""
     name = path.name.lower()

@@ -11,7 +11,6 @@ defaults to ``tp*pp*dp*cp``. The ``framework`` (default ``megatron-deepspeed``) 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ from perfcast.data.schema import (
     check_whole_number,
     parse_flag,
 )
-from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS
+from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS, cell_holds_value
 from perfcast.errors import PerfcastError, SpecError, UnknownEntryError
 from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import Framework, framework_fields
@@ -100,15 +99,6 @@ class RunConfig:
         return self.parallel.global_batch * self.model.seq_len
 
 
-def _present(value: Any) -> bool:
-    """Whether a cell holds a value: not None, NaN, ``pd.NA``/``NaT`` (nullable dtypes) or blank text."""
-    if isinstance(value, str):
-        return bool(value.strip())
-    if value is None or value is pd.NA or value is pd.NaT:
-        return False
-    return not (isinstance(value, float) and math.isnan(value))
-
-
 def _coerce(name: str, value: Any) -> Any:
     """Turn a table cell into the type of field ``name``; SpecError names bad values."""
     if name == "framework":
@@ -144,7 +134,7 @@ def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
-    cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and _present(row[n])}
+    cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and cell_holds_value(row[n])}
     return _RowParser(model_source).parse(cells)
 
 
@@ -202,7 +192,7 @@ def _column_cells(name: str, column: pd.Series) -> list[Any]:
         exact_ints = False
     if exact_ints or (kind == "b" and name in RUN_BOOL_FIELDS):
         return column.tolist()
-    return [_cell(name, v) if _present(v) else _ABSENT for v in column.tolist()]
+    return [_cell(name, v) if cell_holds_value(v) else _ABSENT for v in column.tolist()]
 
 
 class _RowParser:

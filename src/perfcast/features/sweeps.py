@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.schema import DType, OpType
-from perfcast.data.tables import OP_SHAPE_COLUMNS
+from perfcast.data.tables import OP_SHAPE_COLUMNS, cell_holds_value
 from perfcast.errors import SpecError
 from perfcast.features.model import NormType, TransformerSpec
 from perfcast.features.parallel import padded_vocab_size
@@ -167,7 +167,7 @@ def plan_key(row: Any) -> str:
         elif col in _BOOL_COLUMNS:
             text = "1" if _truthy(value) else "0"
         else:
-            text = str(int(value)) if _present(value) else "0"
+            text = str(int(value)) if cell_holds_value(value) else "0"
         parts.append(f"{col}={text}")
     return hashlib.sha1("|".join(parts).encode()).hexdigest()[:16]
 
@@ -444,12 +444,8 @@ def _parse_dtypes(dtypes: Sequence[str]) -> list[DType]:
     return out
 
 
-def _present(value: Any) -> bool:
-    return value is not None and not pd.isna(value)
-
-
 def _truthy(value: Any) -> bool:
-    if not _present(value):
+    if not cell_holds_value(value):
         return False
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "t", "y", "1.0")

@@ -26,7 +26,13 @@ from perfcast.data.schema import (
     op_row_fields,
     parse_flag,
 )
-from perfcast.data.tables import DEFAULT_COVERAGE, ERROR_COLUMN, OP_OUTPUT_COLUMNS, RUN_OUTPUT_COLUMNS
+from perfcast.data.tables import (
+    DEFAULT_COVERAGE,
+    ERROR_COLUMN,
+    OP_OUTPUT_COLUMNS,
+    RUN_OUTPUT_COLUMNS,
+    cell_holds_value,
+)
 from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.cluster import collective_cluster
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
@@ -285,21 +291,21 @@ def check_op_row(row: pd.Series) -> None:
         SpecError: naming the field, the value and what is allowed.
     """
     op = parse_op(row.get("op"))
-    dtype = DType.parse(row.get("dtype", "bf16") if _given(row.get("dtype")) else "bf16")
+    dtype = DType.parse(row.get("dtype", "bf16") if cell_holds_value(row.get("dtype")) else "bf16")
     required, optional, flags = op_row_fields(op)
     for field in required:
-        if not _given(row.get(field)):
+        if not cell_holds_value(row.get(field)):
             raise SpecError(f"{field}={row.get(field)!r}: op={op.value} needs a positive whole number")
-    sizes = {f: check_whole_number(f, row.get(f)) for f in (*required, *optional) if _given(row.get(f))}
+    sizes = {f: check_whole_number(f, row.get(f)) for f in (*required, *optional) if cell_holds_value(row.get(f))}
     for flag in flags:
-        if _given(row.get(flag)):
+        if cell_holds_value(row.get(flag)):
             parse_flag(flag, row.get(flag))
     if "kv_heads" in sizes and sizes["heads"] % sizes["kv_heads"]:
         raise SpecError(f"kv_heads={sizes['kv_heads']} does not divide heads={sizes['heads']}")
-    if _given(row.get(OP_TIMING_COLUMN)):  # else the predictor assumes QUERY_TIMING
+    if cell_holds_value(row.get(OP_TIMING_COLUMN)):  # else the predictor assumes QUERY_TIMING
         OpTiming.parse(row.get(OP_TIMING_COLUMN))
     gpu = row.get("gpu")
-    if not _given(gpu):
+    if not cell_holds_value(gpu):
         raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
     if op in COLLECTIVE_OPS:
         one = pd.DataFrame([row])
@@ -312,13 +318,6 @@ def check_op_row(row: pd.Series) -> None:
         hw.vector_tflops(dtype)
     else:
         hw.peak_tflops(dtype)
-
-
-def _given(value: object) -> bool:
-    """A cell that holds a value (not None, NaN or blank text)."""
-    if value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA:
-        return False
-    return not (isinstance(value, str) and not value.strip())
 
 
 def _sizes_and_flags(op: OpType) -> tuple[frozenset[str], frozenset[str]]:
@@ -365,11 +364,11 @@ def _checked_op_rows(ops: pd.DataFrame) -> pd.DataFrame:
             rows[col] = _floats(values)
     for col in OP_BOOL_COLUMNS:
         if col in rows.columns:
-            rows[col] = [parse_flag(col, v) if col in flags and _given(v) else False
+            rows[col] = [parse_flag(col, v) if col in flags and cell_holds_value(v) else False
                          for (_, flags), v in zip(fields, rows[col], strict=True)]  # fmt: skip
     if "inter_node" in rows.columns:  # a fabric only matters to (and is only checked on) collectives
         rows["inter_node"] = rows["inter_node"].where([op in COLLECTIVE_OPS for op in kinds], None)
-    rows["dtype"] = rows["dtype"].map(lambda v: DType.parse(v).value if _given(v) else DType.BF16.value) if (
+    rows["dtype"] = rows["dtype"].map(lambda v: DType.parse(v).value if cell_holds_value(v) else DType.BF16.value) if (
         "dtype" in rows) else DType.BF16.value  # fmt: skip
     rows["gpu"] = rows["gpu"].astype(str).map(resolve_gpu_name)
     return rows
