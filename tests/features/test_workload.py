@@ -15,6 +15,8 @@ output element of each forward linear).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -221,6 +223,34 @@ def test_context_parallelism_exchanges_kv_beside_attention():
     # K/V are at hand for recomputation: no second exchange
     full = _graph(cp=2, global_batch=1, recompute="full")
     assert len(_ops(full, group="cp")) == 2
+
+
+WINDOWED = GPT.model_copy(update={"sliding_window": 64, "sliding_window_layers": 2})
+LONG_WINDOW = GPT.model_copy(update={"sliding_window": GPT.seq_len, "sliding_window_layers": 4})
+LATENT = TransformerSpec.from_hf_config(Path(__file__).parents[1] / "fixtures" / "hf_configs" / "deepseek_v3.json")
+
+
+@pytest.mark.parametrize(
+    ("model", "fields"),
+    [(GPT, {}), (WINDOWED, {}), (LONG_WINDOW, {}), (GPT, {"document_tokens": 100}), (GPT, {"document_tokens": 60}),
+     (WINDOWED, {"document_tokens": 48, "cp": 2}), (TransformerSpec.from_name("gpt3-1.3b"), {}),
+     (LATENT.model_copy(update={"seq_len": 4096}), {})],
+    ids=["dense", "window", "window-as-long-as-the-sequence", "packed-100", "packed-60", "packed-window-cp",
+         "gpt3-1.3b", "latent-attention"],
+)  # fmt: skip
+def test_forward_attention_flops_are_a_third_of_the_model_flops_attention_term(model, fields):
+    from perfcast.models.analytic import attention_flops_per_token
+
+    g = _graph(model, global_batch=2, micro_batch=2, **fields)
+    p = ParallelConfig(global_batch=2, micro_batch=2, **fields)
+    forward = _flops(g, ["attention"]) - float(_weighted_flops(g)[_ops(g, op="attention", phase="bwd").index].sum())
+    tokens = 2 * model.seq_len // p.cp  # one rank's
+    span = p.attention_documents(model.seq_len)[1]
+    assert forward == pytest.approx(attention_flops_per_token(model, span) * tokens / 3, rel=0.02)  # documents round
+
+
+def test_a_window_as_long_as_the_sequence_is_plain_causal_attention():
+    pd.testing.assert_frame_equal(_graph(LONG_WINDOW, global_batch=1).nodes, _graph(GPT, global_batch=1).nodes)
 
 
 @pytest.mark.parametrize("cp", [1, 2])

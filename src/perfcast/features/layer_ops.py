@@ -131,17 +131,21 @@ def _add_attention_core(
 
     Fused, the op runs over each sequence's attention documents
     (:meth:`~perfcast.features.parallel.ParallelConfig.attention_documents`: the whole
-    sequence, or its packed documents). Unfused (``flash_attention=False``), K and V are
-    broadcast to every query head and the full score matrix of the sequence is computed
-    and normalised in memory, causal or packed mask or not.
+    sequence, or its packed documents), each over its own keys, the rank's queries of the
+    sequence shared among them (so the FLOPs are those of the sequence's tokens attending to
+    ``document_tokens`` keys, whether or not the documents divide the sequence). Unfused
+    (``flash_attention=False``), K and V are broadcast to every query head and the full
+    score matrix of the sequence is computed and normalised in memory, causal or packed
+    mask or not.
     """
     s_q, s_kv = model.seq_len // p.cp, model.seq_len
     hd = (model.qk_head_size + model.v_head_size) // 2  # MLA: the FLOP-equal mean of the Q/K and V head sizes
     documents, doc_kv = p.attention_documents(model.seq_len) if p.flash_attention else (1, s_kv)
+    doc_q = max(1, round(s_q / documents))  # the rank's queries of the sequence, shared among its documents
     for name, n_heads, n_kv, keys, causal in _attention_parts(model, heads, kv, doc_kv):
         if p.flash_attention:
             b.add(name, scope, Phase.FORWARD, OpType.ATTENTION, batch=p.micro_batch * documents, heads=n_heads,
-                  kv_heads=n_kv, seq_q=max(1, doc_kv // p.cp), seq_kv=keys, head_dim=hd, causal=causal)  # fmt: skip
+                  kv_heads=n_kv, seq_q=doc_q, seq_kv=keys, head_dim=hd, causal=causal)  # fmt: skip
             continue
         batch = p.micro_batch * n_heads
         b.add(f"{name}.scores", scope, Phase.FORWARD, OpType.BMM, batch=batch, m=s_q, k=hd, n=keys)
@@ -153,16 +157,17 @@ def _attention_parts(model: TransformerSpec, heads: int, kv: int, s_kv: int) -> 
     """(name, heads, kv heads, keys, causal) of a layer template's attention cores.
 
     One causal core over ``s_kv`` keys; when ``sliding_window_layers`` of the layers use a
-    window, the template stands for their average: that share of the heads (whole KV
-    groups where there are several KV heads) attends non-causally to ``min(window, s_kv)``
-    keys in ``attn.core_window`` (the cost of a causal sliding window once the sequence
-    is longer than it), the rest to all ``s_kv``.
+    window shorter than ``s_kv``, the template stands for their average: that share of the
+    heads (whole KV groups where there are several KV heads) attends non-causally to
+    :func:`window_keys` keys in ``attn.core_window`` (the mean keys per query of a causal
+    sliding window), the rest causally to all ``s_kv``. A window at least ``s_kv`` long masks
+    nothing beyond the causal mask: every head attends as in ``attn.core``.
     """
     share = model.num_window_layers / model.num_layers
     full = ("attn.core", heads, kv, s_kv, True)
-    if not share:
+    if not share or (model.sliding_window or s_kv) >= s_kv:
         return [full]
-    window = min(model.sliding_window or s_kv, s_kv)
+    window = window_keys(model.sliding_window, s_kv)
     if kv > 1:
         kv_w = round(kv * share)
         heads_w, kv_w, kv_f = kv_w * (heads // kv), kv_w, kv - kv_w
@@ -174,6 +179,14 @@ def _attention_parts(model: TransformerSpec, heads: int, kv: int, s_kv: int) -> 
     if heads_w >= heads:
         return [("attn.core_window", heads, kv, window, False)]
     return [("attn.core", heads - heads_w, kv_f, s_kv, True), ("attn.core_window", heads_w, kv_w, window, False)]
+
+
+def window_keys(window: int, keys: int) -> int:
+    """Mean keys per query of a causal sliding window of ``window`` tokens over ``keys`` tokens,
+    rounded (at least 1): ``w - w**2 / (2 * keys)`` with ``w = min(window, keys)``, which is
+    ``keys / 2`` (causal attention) for a window as long as the keys."""
+    w = min(window, keys)
+    return max(1, round(w - w * w / (2 * keys)))
 
 
 def _add_latent_qkv(b: NodeBuilder, model: TransformerSpec, scope: str, t: int, heads: int) -> int:

@@ -71,10 +71,11 @@ class ParallelConfig(BaseModel):
     ``document_tokens`` is the attention length of sequences packed from several documents
     with a per-document attention mask (NeMo's packed fine-tuning datasets, FlashAttention
     varlen / Transformer Engine THD): the fused attention core of each sequence runs as
-    ``round(seq_len / document_tokens)`` documents of ``document_tokens`` tokens each (with
-    context parallelism, each rank holds ``document_tokens / cp`` queries of each document),
-    and model FLOPs count attention over that length. For documents of unequal lengths
-    ``d_i`` state ``sum(d_i**2) / sum(d_i)``, the length with the same attention FLOPs.
+    ``round(seq_len / document_tokens)`` documents over ``document_tokens`` keys each, the
+    sequence's queries (``seq_len / cp`` per context-parallel rank) shared among them, so
+    every token attends to ``document_tokens`` keys, as model FLOPs count it. For documents
+    of unequal lengths ``d_i`` state ``sum(d_i**2) / sum(d_i)``, the length with the same
+    attention FLOPs.
     ``None``: attention spans the whole sequence (pre-training, where Megatron-style
     stacks attend across the documents of a packed sequence). Unfused attention
     (``flash_attention=False``) computes the whole masked score matrix and is unchanged.

@@ -15,6 +15,8 @@ import pandas as pd
 
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware import HardwareSpec, collective_cluster
+from perfcast.features.layer_ops import window_keys
+from perfcast.features.model import TransformerSpec
 from perfcast.features.ops import COLLECTIVE_OPS, op_kinds
 from perfcast.features.parallel import Finetune
 from perfcast.features.roofline import MS_PER_S, op_time_ms, roofline_time_s
@@ -27,19 +29,30 @@ NAME = "analytic"
 def model_flops_per_step(config: RunConfig) -> float:
     """Model FLOPs of one step (Narayanan et al. convention, no recomputation).
 
-    Attention counts causal: half of the full-attention term ``12*L*s*(nh*hd)`` of
-    :meth:`TransformerSpec.flops_per_token`, as the workload graph executes it, with ``s``
-    the attention length (``document_tokens`` of a packed run, else ``seq_len``). Counting the
-    full term would let the MFU of this lower-bound predictor exceed 1 at long sequences.
-    LoRA computes no weight gradients of the frozen base: ``2 * N_matmul`` fewer FLOPs
-    per token.
+    ``6 * N_matmul`` per token (:meth:`TransformerSpec.flops_per_token`'s matmul term) plus
+    attention as the fused cores of the workload graph run it (:func:`attention_flops_per_token`),
+    not the full non-causal term of ``flops_per_token``, which would let the MFU of this
+    lower-bound predictor exceed 1 at long sequences. LoRA computes no weight gradients of the
+    frozen base: ``2 * N_matmul`` fewer FLOPs per token.
     """
     model = config.model
     span = config.parallel.attention_documents(model.seq_len)[1]
-    per_token = model.flops_per_token(span) - 6.0 * model.num_layers * span * model.num_heads * model.head_size
+    per_token = 6.0 * model.num_matmul_params + attention_flops_per_token(model, span)
     if config.parallel.finetune is Finetune.LORA:
         per_token -= 2.0 * config.model.num_matmul_params
     return per_token * config.tokens_per_step
+
+
+def attention_flops_per_token(model: TransformerSpec, span: int) -> float:
+    """Forward and backward FLOPs per token of a training step's attention scores and context,
+    FLOP/token: ``6 * keys * nh * (d_qk + d_v)`` summed over layers, with each query's keys
+    ``span / 2`` on the causal full layers (MTP modules' included) and
+    :func:`~perfcast.features.layer_ops.window_keys` on the sliding-window layers; ``span`` is
+    the attention length (``document_tokens`` of a packed run, else ``seq_len``)."""
+    full_layers = model.num_layers - model.num_window_layers + model.mtp_layers
+    windowed = model.num_window_layers * window_keys(model.sliding_window, span) if model.num_window_layers else 0
+    keys = full_layers * span / 2 + windowed
+    return 6.0 * keys * model.num_heads * (model.qk_head_size + model.v_head_size)
 
 
 class AnalyticOpPredictor:

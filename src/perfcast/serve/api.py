@@ -111,6 +111,8 @@ _RUN_FIELD_DOCS = {
     "gpu": "Catalog id or device name",
     "recompute": "none, selective or full",
     "finetune": "full, sft or lora",
+    "document_tokens": "Attention length of sequences packed from several documents with a per-document mask "
+    "(empty: the whole sequence)",
     "framework": "megatron-core, megatron-deepspeed, torchtitan, pytorch-fsdp or deepspeed",
     "nvlink_domain": "GPUs of one NVLink domain (72 on NVL72 racks)",
     "defaulted_fields": "Names of inputs a reader filled by default (kept, with the parser's added)",
