@@ -296,8 +296,8 @@ def test_group_median_level_covers_the_median_group_at_the_coverage(heavy_tail, 
         X, y, groups=groups, domain_groups=domains, sample_weight=weights, calibration_groups=source
     )
     assert model.domain_residual_groups_.shape == model.domain_residuals_.shape
-    assert model.calibrated_level(0.9) == 0.9  # pooled by default
-    model.set_params(interval_level="group_median")
+    assert model.set_params(interval_level="pooled").calibrated_level(0.9) == 0.9
+    model.set_params(interval_level="group_median")  # the default
     level = model.calibrated_level(0.9)
     assert 0.5 < level < 0.9  # the heavy group widens the pooled quantiles: the median group needs less
     (c_lo, c_hi), (d_lo, d_hi) = model._quantiles(level)
@@ -310,6 +310,8 @@ def test_group_median_level_covers_the_median_group_at_the_coverage(heavy_tail, 
     model.set_params(interval_level="group_median")
     loaded = StepTimeRegressor._load_from(tmp_path, model._save_to(tmp_path))
     np.testing.assert_array_equal(loaded.predict_interval(X[:20]), model.predict_interval(X[:20]))
+    with pytest.raises(SpecError, match="interval_level='group-median' unknown"):
+        loaded.set_params(interval_level="group-median").predict_interval(X[:20])
 
 
 def test_group_median_in_domain_keeps_the_pooled_level_beyond_the_training_range(heavy_tail):

@@ -82,7 +82,7 @@ older ones (measured effect: ``benchmarks/results/step_eval.md``). Not knowing t
 release is itself an uncertainty, so under ``ood_interval="domain"`` such a row's interval
 also takes the residuals of held-out (source, GPU, release) groups.
 
-Level per group (``interval_level="group_median"``): the pooled quantiles cover a
+Level per group (``interval_level="group_median"``, the default): the pooled quantiles cover a
 ``coverage`` share of all held-out residuals, but the errors differ by source: one
 heavy-tailed source widens the pooled quantiles for all, so the other sources are covered
 well above ``coverage`` (``benchmarks/results/step_interval_eval.md``). With
@@ -172,8 +172,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             and widen their interval (see the module docstring).
         ood_correction: one of :data:`OOD_CORRECTIONS`, how rows with ``d > 0`` are shrunk.
         ood_interval: one of :data:`OOD_INTERVALS`, where the domain-held-out residuals apply.
-        interval_level: one of :data:`INTERVAL_LEVELS`; the group levels need ``calibration_groups``
-            in ``fit`` (without them the level is ``coverage``, as ``"pooled"``).
+        interval_level: one of :data:`INTERVAL_LEVELS` (default ``"group_median"``; the group levels
+            need ``calibration_groups`` in ``fit``, without them the level is ``coverage``, as
+            ``"pooled"``).
         physical_factors: the components of the composed step (keys of
             :data:`~perfcast.models.component_factors.COMPONENTS`) that get a fitted time
             factor before the booster; empty for none.
@@ -229,7 +230,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         shrink_out_of_domain: bool = True,
         ood_correction: str = "scaled",
         ood_interval: str = "domain",
-        interval_level: str = "pooled",
+        interval_level: str = "group_median",
         physical_factors: tuple[str, ...] = ("attention", "compute"),
         factor_prior: float = 0.01,
         stack_factors: tuple[str, ...] | None = None,
@@ -510,6 +511,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         can get reaches ``coverage``.
         """
         check_coverage(coverage)
+        if self.interval_level not in INTERVAL_LEVELS:
+            raise SpecError(f"interval_level={self.interval_level!r} unknown; allowed: {', '.join(INTERVAL_LEVELS)}")
         domain = self._uses_domain()
         groups = getattr(self, "domain_residual_groups_" if domain else "residual_groups_", np.empty(0))
         if self.interval_level == "pooled" or len(groups) == 0:
