@@ -154,6 +154,10 @@ def test_search_ranks_layouts_and_names_bad_input() -> None:
     unknown = client.post("/v1/search", json={**body, "gpus": ["nope"]})
     assert unknown.status_code == 422 and "nope" in unknown.json()["detail"]
     assert client.post("/v1/search", json={**body, "num_gpus": 0}).status_code == 422
+    lora = client.post("/v1/search", json={**body, "finetune": "lora", "lora_rank": 8, "document_tokens": 512})
+    assert lora.status_code == 200, lora.text
+    assert {(r["finetune"], r["lora_rank"], r["document_tokens"]) for r in lora.json()["layouts"]} == {("lora", 8, 512)}
+    assert client.post("/v1/search", json={**body, "finetune": "qlora"}).status_code == 422
 
 
 # ------------------------------------------------------------------ hardening

@@ -51,6 +51,23 @@ def test_nothing_fits_and_bad_input_are_named() -> None:
         search_layouts("gpt3-350m", ["t4"], 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=0)
 
 
+def test_fine_tuning_searches_say_how_they_train() -> None:
+    analytic = StepPredictor.analytic()
+    full = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, space=SMALL).ranked
+    lora = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, space=SMALL, finetune="lora",
+                          document_tokens=256).ranked  # fmt: skip
+    assert (lora["finetune"] == "lora").all() and (lora["document_tokens"] == 256).all()
+    assert lora["defaulted_fields"].str.contains("lora_rank").all()  # the default rank is named
+    assert not lora["defaulted_fields"].str.contains("document_tokens").any()
+    assert lora["step_ms"].iloc[0] < full["step_ms"].iloc[0]  # no weight gradients, shorter attention
+    with pytest.raises(SpecError, match="finetune='qlora' unknown; allowed: full, sft, lora"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, finetune="qlora")
+    with pytest.raises(SpecError, match="lora_rank=8 is set but finetune=full"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, lora_rank=8)
+    with pytest.raises(SpecError, match="document_tokens=4096 exceeds seq_len=2048"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, document_tokens=4096)
+
+
 def test_cli_prints_the_best_and_writes_all(tmp_path) -> None:
     out = tmp_path / "all.csv"
     args = ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--num-gpus", "4", "--global-batch", "16",

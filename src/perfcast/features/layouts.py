@@ -15,14 +15,16 @@ Megatron-LM), ZeRO stages 0 and 1 (distributed optimizer) unless asked.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
 from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout
+from perfcast.features.run_config import validate_spec
 
 
 @dataclass(frozen=True)
@@ -72,14 +74,25 @@ def enumerate_layouts(
     dtype: DType = DType.BF16,
     finetune: Finetune = Finetune.FULL,
     lora_rank: int = 0,
+    document_tokens: int | None = None,
 ) -> Iterator[ParallelConfig]:
-    """Every checked layout of ``model`` on ``cluster`` for ``global_batch`` sequences per step.
+    """Every checked layout of ``model`` on ``cluster`` for ``global_batch`` sequences per step,
+    each training with ``dtype``, ``finetune`` (``lora_rank``) and ``document_tokens``
+    (:class:`~perfcast.features.parallel.ParallelConfig`).
 
     Raises:
-        SpecError: ``global_batch`` is below 1.
+        SpecError: ``global_batch`` is below 1, or the training fields contradict each other
+            (``finetune=lora`` without a ``lora_rank`` ...).
     """
     if global_batch < 1:
         raise SpecError(f"global_batch={global_batch} must be >= 1")
+    job = {"dtype": dtype, "finetune": finetune, "lora_rank": lora_rank, "document_tokens": document_tokens}
+    validate_spec(ParallelConfig, {"global_batch": 1, **job}, "parallel")  # once, not every layout silently
+    if document_tokens is not None and document_tokens > model.seq_len:
+        raise SpecError(
+            f"document_tokens={document_tokens} exceeds seq_len={model.seq_len} of {model.name}: documents are packed "
+            "into a sequence"
+        )
     space = space or LayoutSpace()
     n = cluster.num_gpus
     max_tp = space.max_tp or min(cluster.nvlink_domain, n)
@@ -88,7 +101,7 @@ def enumerate_layouts(
         for pp in [p for p in range(1, min(max_pp, n // tp) + 1) if (n // tp) % p == 0]:
             for cp in sorted({c for c in space.cp if (n // (tp * pp)) % c == 0}):
                 dp = n // (tp * pp * cp)
-                yield from _layouts_at(model, cluster, global_batch, space, tp, pp, cp, dp, dtype, finetune, lora_rank)
+                yield from _layouts_at(model, cluster, global_batch, space, tp, pp, cp, dp, job)
 
 
 def _layouts_at(
@@ -100,9 +113,7 @@ def _layouts_at(
     pp: int,
     cp: int,
     dp: int,
-    dtype: DType,
-    finetune: Finetune,
-    lora_rank: int,
+    job: Mapping[str, Any],
 ) -> Iterator[ParallelConfig]:
     eps = _powers_of_two_dividing(dp * cp, model.num_experts) if model.is_moe else [1]
     vpps = sorted({v for v in space.vpp if v == 1 or pp > 1})
@@ -114,8 +125,7 @@ def _layouts_at(
         try:
             parallel = ParallelConfig(
                 tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=global_batch, vpp=vpp,
-                sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, finetune=finetune,
-                lora_rank=lora_rank, dtype=dtype,
+                sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, **job,
             )  # fmt: skip
             check_layout(model, parallel, cluster)
         except (SpecError, ValueError):

@@ -110,7 +110,9 @@ def _coerce(name: str, value: Any) -> Any:
     return str(value).strip() if isinstance(value, str) else value
 
 
-def _validate(cls: type[Any], fields: dict[str, Any], where: str) -> Any:
+def validate_spec(cls: type[Any], fields: dict[str, Any], where: str) -> Any:
+    """``cls.model_validate(fields)``, its first error raised as a SpecError naming the field
+    (``where`` when the error has no location), the value and what is allowed."""
     try:
         return cls.model_validate(fields)
     except ValidationError as exc:
@@ -233,12 +235,12 @@ class _RowParser:
                     raise
                 # an unknown name beside a complete shape is a label: the fields define the model
                 named = {**model_fields, "name": str(ref)}
-                model = self._memo(("fields", *named.items()), _validate, TransformerSpec, named, "model")
+                model = self._memo(("fields", *named.items()), validate_spec, TransformerSpec, named, "model")
         else:
             missing = [f for f in SHAPE_FIELDS if f not in model_fields]
             if missing:
                 raise SpecError(f"missing model fields {', '.join(missing)}: give them or a `model` preset/config path")
-            model = self._memo(("fields", *model_fields.items()), _validate, TransformerSpec, model_fields, "model")
+            model = self._memo(("fields", *model_fields.items()), validate_spec, TransformerSpec, model_fields, "model")
 
         parallel_fields = _fields(cells, PARALLEL_FIELDS)
         lora = str(parallel_fields.get("finetune", "")).strip().lower() == "lora"
@@ -248,7 +250,7 @@ class _RowParser:
         _fold_mxfp8_recipe(parallel_fields)
         parallel_fields.update(framework_fields(parallel_fields))
         key = ("parallel", *parallel_fields.items())
-        parallel = self._memo(key, _validate, ParallelConfig, parallel_fields, "parallel")
+        parallel = self._memo(key, validate_spec, ParallelConfig, parallel_fields, "parallel")
 
         if "gpu" not in cells:
             raise SpecError("missing field gpu: give a catalog id or device name (see `perfcast hardware list`)")
@@ -350,4 +352,4 @@ def _fields(cells: Mapping[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
 def _referenced_model(source: ModelSource, ref: str | Mapping[str, Any], overrides: dict[str, Any]) -> TransformerSpec:
     """The spec ``ref`` names (through ``source``) with the row's own model fields over it."""
     base = source.resolve(ref)
-    return _validate(TransformerSpec, {**base.model_dump(), **overrides}, "model")
+    return validate_spec(TransformerSpec, {**base.model_dump(), **overrides}, "model")

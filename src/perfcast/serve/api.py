@@ -176,6 +176,11 @@ class SearchRequest(BaseModel):
     gpus_per_node: int | None = _size("gpus_per_node")
     inter_node: str | None = Field(None, max_length=200)
     dtype: str = Field("bf16", max_length=32)
+    finetune: str = Field("full", max_length=32, description="full (pre-training), sft or lora")
+    lora_rank: int = Field(0, ge=0, le=FIELD_MAX["lora_rank"], description="LoRA adapter rank (0: the default, 16)")
+    document_tokens: int | None = Field(
+        None, ge=1, le=FIELD_MAX["document_tokens"], description="Attention length of packed documents"
+    )
     price_per_gpu_hour: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD; ranks by cost per step")
     coverage: float = _Coverage
     calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate steps)")
@@ -409,7 +414,8 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
             result = search_layouts(
                 request.model, request.gpus, request.num_gpus, request.global_batch, predictor=predictor,
                 gpus_per_node=request.gpus_per_node, inter_node=request.inter_node, seq_len=request.seq_len,
-                dtype=DType.parse(request.dtype), price_per_gpu_hour=request.price_per_gpu_hour,
+                dtype=DType.parse(request.dtype), finetune=request.finetune, lora_rank=request.lora_rank,
+                document_tokens=request.document_tokens, price_per_gpu_hour=request.price_per_gpu_hour,
                 coverage=request.coverage, model_source=model_source, max_layouts=limits.max_search_layouts,
             )  # fmt: skip
         except PerfcastError as exc:

@@ -111,8 +111,8 @@ def search(
         calibration: apply the stored corrections fitted for the predictor.
         dtype: the training precision.
         options: the other keywords of :func:`perfcast.serve.search.search_layouts`
-            (``gpus_per_node``, ``inter_node``, ``seq_len``, ``price_per_gpu_hour``,
-            ``coverage``, ``max_layouts`` ...).
+            (``gpus_per_node``, ``inter_node``, ``seq_len``, ``finetune``, ``lora_rank``,
+            ``document_tokens``, ``price_per_gpu_hour``, ``coverage``, ``max_layouts`` ...).
 
     Returns:
         The ranked layouts, best first, with ``rank``; ``attrs`` holds ``n_layouts`` and

@@ -26,13 +26,14 @@ from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
 from perfcast.features.parallel import Finetune
+from perfcast.features.run_config import DEFAULT_LORA_RANK
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
 
 DEFAULT_MAX_LAYOUTS = 200_000
 """Most layouts one search enumerates by default (every GPU type together)."""
 _LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
-                  "zero_stage", "recompute", "finetune", "lora_rank", "dtype")  # fmt: skip
+                  "zero_stage", "recompute", "finetune", "dtype", "document_tokens")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -55,8 +56,9 @@ def search_layouts(
     inter_node: str | None = None,
     seq_len: int | None = None,
     dtype: DType = DType.BF16,
-    finetune: Finetune = Finetune.FULL,
+    finetune: Finetune | str = Finetune.FULL,
     lora_rank: int = 0,
+    document_tokens: int | None = None,
     space: LayoutSpace | None = None,
     price_per_gpu_hour: float | None = None,
     coverage: float = DEFAULT_COVERAGE,
@@ -74,6 +76,9 @@ def search_layouts(
         predictor: the step predictor.
         gpus_per_node, inter_node: cluster shape (defaults from the catalog).
         seq_len: training sequence length (default: the model's).
+        dtype, finetune, lora_rank, document_tokens: how every layout trains (run-table fields;
+            ``finetune="lora"`` without a ``lora_rank`` takes the parser's default rank, named in
+            each row's ``defaulted_fields``).
         price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
         progress: called with the number of configs predicted.
         max_layouts: most layouts enumerated over all GPU types; a larger search is refused.
@@ -101,10 +106,15 @@ def search_layouts(
         cluster = ClusterSpec.build(gpu, num_gpus, gpus_per_node, inter_node)
         cluster.gpu.peak_tflops(dtype)
         clusters.setdefault(cluster.gpu.id, cluster)
+    try:
+        tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
+    except ValueError:
+        raise SpecError(f"finetune={finetune!r} unknown; allowed: {', '.join(f.value for f in Finetune)}") from None
+    rank = lora_rank or (DEFAULT_LORA_RANK if tune is Finetune.LORA else 0)
     rows, n_layouts, n_oom = [], 0, 0
     for cluster in clusters.values():
-        for layout in enumerate_layouts(spec, cluster, global_batch, space=space, dtype=dtype, finetune=finetune,
-                                        lora_rank=lora_rank):  # fmt: skip
+        for layout in enumerate_layouts(spec, cluster, global_batch, space=space, dtype=dtype, finetune=tune,
+                                        lora_rank=rank, document_tokens=document_tokens):  # fmt: skip
             n_layouts += 1
             if n_layouts > max_layouts:
                 raise SpecError(
@@ -115,7 +125,8 @@ def search_layouts(
                 n_oom += 1
                 continue
             fields = {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
-            fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
+            fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value,
+                          lora_rank=lora_rank)  # as given: the parser fills and names a default rank  # fmt: skip
             rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "inter_node": cluster.inter_node_fabric})  # fmt: skip

@@ -27,6 +27,11 @@ def search_command(
     gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="Default: the GPU's usual node."),
     inter_node: str | None = typer.Option(None, "--inter-node", help="Fabric between nodes (catalog id)."),
     dtype: str = typer.Option("bf16", "--dtype", help="fp32, tf32, fp16, bf16 or fp8."),
+    finetune: str = typer.Option("full", "--finetune", help="full (pre-training), sft or lora."),
+    lora_rank: int = typer.Option(0, "--lora-rank", min=0, help="LoRA adapter rank (default 16 with --finetune lora)."),
+    document_tokens: int | None = typer.Option(
+        None, "--document-tokens", min=1, help="Attention length of sequences packed from several documents."
+    ),
     price: float | None = typer.Option(None, "--price", help="USD per GPU-hour: rank by cost per step."),
     predictor: str | None = typer.Option(
         None, "--predictor", help="Step predictor: 'analytic', 'composed', a bundle or an MLflow URI (default shipped)."
@@ -61,7 +66,8 @@ def search_command(
             task = bar.add_task("predicting layouts", total=None)
             result = search_layouts(
                 model, gpu, num_gpus, global_batch, predictor=step_predictor, gpus_per_node=gpus_per_node,
-                inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), price_per_gpu_hour=price,
+                inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), finetune=finetune,
+                lora_rank=lora_rank, document_tokens=document_tokens, price_per_gpu_hour=price,
                 progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
             )  # fmt: skip
     ranked = result.ranked
