@@ -158,6 +158,8 @@ def test_search_ranks_layouts_and_names_bad_input() -> None:
     assert lora.status_code == 200, lora.text
     assert {(r["finetune"], r["lora_rank"], r["document_tokens"]) for r in lora.json()["layouts"]} == {("lora", 8, 512)}
     assert client.post("/v1/search", json={**body, "finetune": "qlora"}).status_code == 422
+    misspelt = client.post("/v1/search", json={**body, "lora-rank": 8})  # not silently a full-training search
+    assert misspelt.status_code == 422 and "lora-rank" in misspelt.text
 
 
 # ------------------------------------------------------------------ hardening

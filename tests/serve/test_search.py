@@ -57,7 +57,7 @@ def test_fine_tuning_searches_say_how_they_train() -> None:
     lora = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, space=SMALL, finetune="lora",
                           document_tokens=256).ranked  # fmt: skip
     assert (lora["finetune"] == "lora").all() and (lora["document_tokens"] == 256).all()
-    assert lora["defaulted_fields"].str.contains("lora_rank").all()  # the default rank is named
+    assert (lora["lora_rank"] == 16).all() and lora["defaulted_fields"].str.contains("lora_rank").all()  # named
     assert not lora["defaulted_fields"].str.contains("document_tokens").any()
     assert lora["step_ms"].iloc[0] < full["step_ms"].iloc[0]  # no weight gradients, shorter attention
     with pytest.raises(SpecError, match="finetune='qlora' unknown; allowed: full, sft, lora"):
@@ -66,6 +66,11 @@ def test_fine_tuning_searches_say_how_they_train() -> None:
         search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, lora_rank=8)
     with pytest.raises(SpecError, match="document_tokens=4096 exceeds seq_len=2048"):
         search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, document_tokens=4096)
+    latent = {"model_type": "deepseek_v3", "num_hidden_layers": 4, "hidden_size": 512, "num_attention_heads": 8,
+              "vocab_size": 1000, "kv_lora_rank": 64, "q_lora_rank": 96, "qk_nope_head_dim": 32,
+              "qk_rope_head_dim": 16, "v_head_dim": 32, "intermediate_size": 1024}  # fmt: skip
+    with pytest.raises(SpecError, match="no layout of .* passes the layout rules; the first broke: finetune=lora with"):
+        search_layouts(latent, ["a100-sxm4-80gb"], 8, 32, predictor=analytic, finetune="lora")
 
 
 def test_cli_prints_the_best_and_writes_all(tmp_path) -> None:

@@ -81,8 +81,9 @@ def enumerate_layouts(
     (:class:`~perfcast.features.parallel.ParallelConfig`).
 
     Raises:
-        SpecError: ``global_batch`` is below 1, or the training fields contradict each other
-            (``finetune=lora`` without a ``lora_rank`` ...).
+        SpecError: ``global_batch`` is below 1, the training fields contradict each other
+            (``finetune=lora`` without a ``lora_rank`` ...), or no layout passes the layout rules
+            (naming the first rule broken, e.g. LoRA on multi-head latent attention).
     """
     if global_batch < 1:
         raise SpecError(f"global_batch={global_batch} must be >= 1")
@@ -97,11 +98,19 @@ def enumerate_layouts(
     n = cluster.num_gpus
     max_tp = space.max_tp or min(cluster.nvlink_domain, n)
     max_pp = space.max_pp or model.num_layers
+    refusals: list[str] = []
+    found = False
     for tp in _powers_of_two_dividing(n, max_tp):
         for pp in [p for p in range(1, min(max_pp, n // tp) + 1) if (n // tp) % p == 0]:
             for cp in sorted({c for c in space.cp if (n // (tp * pp)) % c == 0}):
                 dp = n // (tp * pp * cp)
-                yield from _layouts_at(model, cluster, global_batch, space, tp, pp, cp, dp, job)
+                for layout in _layouts_at(model, cluster, global_batch, space, tp, pp, cp, dp, job, refusals):
+                    found = True
+                    yield layout
+    if not found and refusals:
+        raise SpecError(
+            f"no layout of {model.name} on {n} GPUs passes the layout rules; the first broke: {refusals[0]}"
+        )
 
 
 def _layouts_at(
@@ -114,7 +123,9 @@ def _layouts_at(
     cp: int,
     dp: int,
     job: Mapping[str, Any],
+    refusals: list[str],
 ) -> Iterator[ParallelConfig]:
+    """The layouts at one (tp, pp, cp, dp); the first refused layout's reason goes to an empty ``refusals``."""
     eps = _powers_of_two_dividing(dp * cp, model.num_experts) if model.is_moe else [1]
     vpps = sorted({v for v in space.vpp if v == 1 or pp > 1})
     zeros = sorted({z for z in space.zero_stages if dp > 1 or z == 0})
@@ -128,6 +139,8 @@ def _layouts_at(
                 sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, **job,
             )  # fmt: skip
             check_layout(model, parallel, cluster)
-        except (SpecError, ValueError):
+        except (SpecError, ValueError) as exc:
+            if not refusals:
+                refusals.append(str(exc))
             continue
         yield parallel

@@ -164,7 +164,9 @@ class StepsRequest(BaseModel):
 
 
 class SearchRequest(BaseModel):
-    """A layout search: a model on ``num_gpus`` GPUs of each type in ``gpus``."""
+    """A layout search: a model on ``num_gpus`` GPUs of each type in ``gpus``; an unknown field is refused."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: Annotated[str, Field(max_length=4096)] | dict[str, Any] = Field(
         ..., description="Preset id, an inline config, or an allowed config file"

@@ -26,14 +26,14 @@ from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
 from perfcast.features.parallel import Finetune
-from perfcast.features.run_config import DEFAULT_LORA_RANK
+from perfcast.features.run_config import DEFAULT_LORA_RANK, DEFAULTED_COLUMN
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
 
 DEFAULT_MAX_LAYOUTS = 200_000
 """Most layouts one search enumerates by default (every GPU type together)."""
 _LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
-                  "zero_stage", "recompute", "finetune", "dtype", "document_tokens")  # fmt: skip
+                  "zero_stage", "recompute", "finetune", "lora_rank", "dtype", "document_tokens")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,8 +125,9 @@ def search_layouts(
                 n_oom += 1
                 continue
             fields = {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
-            fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value,
-                          lora_rank=lora_rank)  # as given: the parser fills and names a default rank  # fmt: skip
+            fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
+            if rank != lora_rank:  # the default rank, named as a reader names what it filled
+                fields[DEFAULTED_COLUMN] = "lora_rank"
             rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "inter_node": cluster.inter_node_fabric})  # fmt: skip
