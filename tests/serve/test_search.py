@@ -83,6 +83,9 @@ def test_cli_prints_the_best_and_writes_all(tmp_path) -> None:
     assert written["rank"].iloc[0] == 1 and "layouts" in result.output
     bad = CliRunner().invoke(app, ["search", "gpt3-125m", "--gpu", "nope", "--num-gpus", "4", "--global-batch", "16"])
     assert bad.exit_code == 2 and "nope" in bad.output
+    lora = CliRunner().invoke(app, [*args[:-2], "--finetune", "lora", "--document-tokens", "256"])
+    assert lora.exit_code == 0, lora.output
+    assert "global batch 16, lora rank 16, documents of 256 tokens" in " ".join(lora.output.split())
 
 
 def test_search_is_bounded_and_says_why_nothing_is_ranked() -> None:

@@ -87,7 +87,12 @@ def search_command(
         echo_table(ranked, fmt)
     elif top:
         columns = [c for c in _SHOWN if c in ranked.columns]
-        table = Table(*columns, title=f"best layouts of {model} on {num_gpus} GPUs, global batch {global_batch}")
+        best = ranked.iloc[0]
+        training = "" if best["finetune"] == "full" else f", {best['finetune']}"
+        training += f" rank {best['lora_rank']}" if best["finetune"] == "lora" else ""
+        training += f", documents of {document_tokens} tokens" if document_tokens else ""
+        title = f"best layouts of {model} on {num_gpus} GPUs, global batch {global_batch}{training}"
+        table = Table(*columns, title=title)
         for row in ranked.head(top).to_dict("records"):
             table.add_row(*[_cell(row[c]) for c in columns])
         Console(width=200).print(table)
