@@ -50,7 +50,7 @@ import pandas as pd
 
 from perfcast.errors import SpecError
 from perfcast.models.bundle import load_bundle
-from perfcast.models.component_factors import COMPONENT_PARTS, stack_labels
+from perfcast.models.component_factors import COMPONENT_PARTS
 from perfcast.models.composer import StepComposer
 from perfcast.models.step_calibration import fit_step_correction
 from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
@@ -166,8 +166,8 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
         learned = predict_rows(model, table, test)
         composed = tuple(v[test] for v in composed_all)
         composed_parts = runs.loc[test].reset_index(drop=True)
-        # the learned predictor's breakdown: parts times its factors, of each run's stated stack
-        learned_parts = model.factors_.scale_parts(composed_parts, stack_labels(table.features[test]))
+        # the learned predictor's breakdown: parts times its factors, as it applies them to each run
+        learned_parts = model.scale_breakdown(composed_parts, table.features[test])
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
         for predictor, (pred, lo, hi), breakdown in (

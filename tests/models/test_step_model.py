@@ -163,7 +163,8 @@ def test_no_correction_off_the_training_range_returns_the_composed_step(two_doma
     X, y, groups, domain, inside, outside = two_domains
     scaled = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
     none = StepTimeRegressor(ood_correction="none", **SMALL).fit(X, y, groups=groups, domain_groups=domain)
-    physics = np.exp(outside["log_composed_step_ms"] + none.factors_.log_scale(outside))  # the factored composed step
+    factors = none.factors_.log_scale(outside, none.extrapolation_distance(outside), none._shrunk_components())
+    physics = np.exp(outside["log_composed_step_ms"] + factors)  # the factored composed step
     np.testing.assert_allclose(none.predict(outside), physics)
     assert not np.allclose(scaled.predict(outside), physics)
     np.testing.assert_array_equal(none.predict(inside), scaled.predict(inside))
@@ -270,6 +271,36 @@ def test_per_stack_attention_factor_is_fitted_saved_and_read_from_the_stack_colu
     np.testing.assert_allclose(model.predict(query), loaded.predict(query))
     with pytest.raises(SpecError, match="stack_factors"):
         StepTimeRegressor(stack_factors=("communication",)).fit(X, y.to_numpy())
+
+
+def test_the_compute_factor_shrinks_toward_one_beyond_the_training_range(tmp_path):
+    X, _, groups = _data()
+    rng = np.random.default_rng(5)
+    X["frac_compute"], X["frac_attention"] = rng.uniform(0.5, 0.9, len(X)), 0.1
+    X["frac_bubble"] = X["frac_optimizer"] = 0.0
+    y = np.exp(X["log_composed_step_ms"] + np.log1p(X["frac_compute"] * 0.3))  # compute 1.3x slower than composed
+    model = StepTimeRegressor(n_estimators=20).fit(X, y.to_numpy(), groups=groups)
+    k = model.factors_.factors["compute"]
+    assert k > 1.2 and model._shrunk_components() == ("compute",)
+    inside = X.head(3)
+    beyond = inside.assign(peak_tflops=X["peak_tflops"].max() + (X["peak_tflops"].max() - X["peak_tflops"].min()))
+    d = model.extrapolation_distance(beyond)
+    assert (d == pytest.approx(1.0)) and (model.extrapolation_distance(inside) == 0).all()
+    shares = inside[["frac_compute", "frac_attention"]].to_numpy()
+    whole = np.log1p(shares[:, 0] * (k - 1) + shares[:, 1] * (model.factors_.factors["attention"] - 1))
+    halved = np.log1p(shares[:, 0] * (k**0.5 - 1) + shares[:, 1] * (model.factors_.factors["attention"] - 1))
+    np.testing.assert_allclose(model.factors_.log_scale(inside, np.zeros(3), ("compute",)), whole)
+    np.testing.assert_allclose(model.factors_.log_scale(beyond, d, ("compute",)), halved)
+    parts = pd.DataFrame({"compute_ms": [10.0] * 3, "attention_ms": [1.0] * 3})
+    assert model.scale_breakdown(parts, beyond)["compute_ms"].tolist() == pytest.approx([10.0 * k**0.5] * 3)
+    assert model.scale_breakdown(parts, inside)["compute_ms"].tolist() == pytest.approx([10.0 * k] * 3)
+    loaded = StepTimeRegressor._load_from(tmp_path, model._save_to(tmp_path))
+    np.testing.assert_allclose(loaded.predict(beyond), model.predict(beyond))
+    meta = model._save_to(tmp_path)
+    del meta["params"]["shrink_factors"]  # a bundle written before the switch keeps every factor whole
+    assert StepTimeRegressor._load_from(tmp_path, meta)._shrunk_components() == ()
+    with pytest.raises(SpecError, match="shrink_factors"):
+        StepTimeRegressor(physical_factors=("attention",), shrink_factors=("compute",)).fit(X, y.to_numpy())
 
 
 def test_no_physical_factors_means_no_stack_factors_either():

@@ -145,26 +145,47 @@ class ComponentFactors:
         """Component -> factor of a row of training stack ``stack`` (the global factors for None or an unknown one)."""
         return {**self.factors, **self.by_stack.get(stack, {})} if stack is not None else dict(self.factors)
 
-    def log_scale_of(self, shares: np.ndarray, stacks: Sequence[str | None] | None = None) -> np.ndarray:
+    def log_scale_of(
+        self,
+        shares: np.ndarray,
+        stacks: Sequence[str | None] | None = None,
+        distance: np.ndarray | None = None,
+        shrunk: Sequence[str] = (),
+    ) -> np.ndarray:
         """``log(1 + sum_c (k_c - 1) * shares[:, c])`` per row; ``shares`` as :func:`component_shares`,
-        ``k`` the factors of each row's stack (``stacks``; None: the global factors for every row)."""
+        ``k`` each row's factors (:meth:`row_factors` of ``stacks``, ``distance`` and ``shrunk``)."""
         shares = np.asarray(shares, dtype=float)
         if not self.names:
             return np.zeros(len(shares))
-        return np.log1p(np.einsum("ij,ij->i", shares, self._row_factors(stacks, len(shares)) - 1.0))
+        return np.log1p(np.einsum("ij,ij->i", shares, self.row_factors(stacks, len(shares), distance, shrunk) - 1.0))
 
-    def _row_factors(self, stacks: Sequence[str | None] | None, n: int) -> np.ndarray:
+    def row_factors(
+        self,
+        stacks: Sequence[str | None] | None,
+        n: int,
+        distance: np.ndarray | None = None,
+        shrunk: Sequence[str] = (),
+    ) -> np.ndarray:
         """``(n, len(names))``: each row's component factors, those of its stack (``stacks``; None:
-        the global factors for every row); each distinct stack's factors looked up once."""
+        the global factors for every row), each distinct stack's looked up once; a component in
+        ``shrunk`` is shrunk toward 1 by the row's extrapolation ``distance`` ``d``:
+        ``k ** (1 / (1 + d))``, as the step model shrinks its learned correction."""
         if stacks is None:
-            return np.tile([self.factors[c] for c in self.names], (n, 1)).reshape(n, len(self.names))
-        unique, row_of = np.unique(np.array([s or "" for s in stacks], dtype=object), return_inverse=True)
-        table = np.array([[self.of_stack(s or None)[c] for c in self.names] for s in unique], dtype=float)
-        return table.reshape(len(unique), len(self.names))[row_of.reshape(-1)]
+            k = np.tile([self.factors[c] for c in self.names], (n, 1)).reshape(n, len(self.names))
+        else:
+            unique, row_of = np.unique(np.array([s or "" for s in stacks], dtype=object), return_inverse=True)
+            table = np.array([[self.of_stack(s or None)[c] for c in self.names] for s in unique], dtype=float)
+            k = table.reshape(len(unique), len(self.names))[row_of.reshape(-1)]
+        columns = [i for i, c in enumerate(self.names) if c in shrunk]
+        if distance is not None and columns:
+            k = k.copy()
+            k[:, columns] = k[:, columns] ** (1.0 / (1.0 + np.asarray(distance, dtype=float)))[:, None]
+        return k
 
-    def log_scale(self, X: pd.DataFrame) -> np.ndarray:
-        """The log multiplier of the composed step per row of run features ``X`` (stacks from :data:`STACK_COLUMN`)."""
-        return self.log_scale_of(component_shares(X, self.names), stack_labels(X))
+    def log_scale(self, X: pd.DataFrame, distance: np.ndarray | None = None, shrunk: Sequence[str] = ()) -> np.ndarray:
+        """The log multiplier of the composed step per row of run features ``X`` (stacks from
+        :data:`STACK_COLUMN`; ``distance`` and ``shrunk`` as :meth:`row_factors`)."""
+        return self.log_scale_of(component_shares(X, self.names), stack_labels(X), distance, shrunk)
 
     @classmethod
     def fit(
@@ -256,12 +277,18 @@ class ComponentFactors:
         stack ``stack`` (the global factors for None or an unknown stack)."""
         return {part: factor for name, factor in self.of_stack(stack).items() for part in COMPONENT_PARTS[name]}
 
-    def scale_parts(self, breakdown: pd.DataFrame, stacks: Sequence[str | None]) -> pd.DataFrame:
+    def scale_parts(
+        self,
+        breakdown: pd.DataFrame,
+        stacks: Sequence[str | None],
+        distance: np.ndarray | None = None,
+        shrunk: Sequence[str] = (),
+    ) -> pd.DataFrame:
         """A copy of ``breakdown`` (columns ``<part>_ms``, one row per run) with each part the
-        factors scale multiplied by the factor of its component for the row's training stack
-        (``stacks``, aligned with the rows; None: the global factors). Other columns unchanged."""
+        factors scale multiplied by the factor of its component for the row (:meth:`row_factors`
+        of ``stacks``, aligned with the rows, ``distance`` and ``shrunk``). Other columns unchanged."""
         out = breakdown.copy()
-        k = self._row_factors(stacks, len(out))
+        k = self.row_factors(stacks, len(out), distance, shrunk)
         for i, name in enumerate(self.names):
             for part in COMPONENT_PARTS[name]:
                 if f"{part}_ms" in out:

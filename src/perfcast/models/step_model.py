@@ -13,9 +13,13 @@ link rate, framework overhead) as a log ratio (DESIGN.md decision 1):
 ``t_composed = exp(X["log_composed_step_ms"])``. ``m(x)`` is the multiplier of the
 physical factors (:mod:`perfcast.models.component_factors`: a time factor per component
 of the composed step, ``physical_factors``, fitted first with sources weighed as in the
-booster's fit); the booster learns what is left. Unlike the booster's correction the
-factors apply to every row whole: a factor states how a training stack's part of the
-step relates to its kernels, and it extrapolates as the component's share does.
+booster's fit); the booster learns what is left. A factor states how a training stack's
+part of the step relates to its kernels, and it extrapolates as the component's share
+does. Most apply to every row whole (attention's follows the stack's attention kernels,
+whatever the GPU); the components in ``shrink_factors`` (by default ``compute``: the stacks'
+efficiency on the op table's kernels, learned on the training GPUs) shrink toward 1 with
+the row's extrapolation distance ``d`` (below) as the booster's correction does:
+``k ** (1 / (1 + d))``.
 With ``stack_factors`` the listed components' factors are fitted per training stack, each
 stack's departure from the global factor shrunk toward it by ``stack_prior``
 (:class:`~perfcast.models.component_factors.ComponentFactors`); the stack of a row is
@@ -186,6 +190,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             stack's attention kernels.
         stack_prior: strength of the pull of each stack's log departure toward the global
             factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``.
+        shrink_factors: components of ``physical_factors`` whose factor shrinks toward 1 with a
+            row's extrapolation distance (under ``shrink_out_of_domain``); None (default):
+            ``compute`` where it is among ``physical_factors``; empty: every factor whole.
         correction_scale: factor on every row's learned log correction (the booster's, not
             the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
             its factors); the held-out residuals are those of the scaled
@@ -235,6 +242,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         factor_prior: float = 0.01,
         stack_factors: tuple[str, ...] | None = None,
         stack_prior: float = 0.01,
+        shrink_factors: tuple[str, ...] | None = None,
         correction_scale: float = 1.0,
         random_state: int = 0,
         n_jobs: int = 1,
@@ -256,6 +264,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.factor_prior = factor_prior
         self.stack_factors = stack_factors
         self.stack_prior = stack_prior
+        self.shrink_factors = shrink_factors
         self.correction_scale = correction_scale
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -305,9 +314,10 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         unknown = [c for c in self.physical_factors if c not in COMPONENTS]
         if unknown:
             raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
-        stray = [c for c in self.stack_factors or () if c not in self.physical_factors]
-        if stray:
-            raise SpecError(f"stack_factors {stray} are not among physical_factors {list(self.physical_factors)}")
+        for name, listed in (("stack_factors", self.stack_factors), ("shrink_factors", self.shrink_factors)):
+            stray = [c for c in listed or () if c not in self.physical_factors]
+            if stray:
+                raise SpecError(f"{name} {stray} are not among physical_factors {list(self.physical_factors)}")
         names = self._feature_names(X)
         target = self._log_ratio(X, y)
         weights = np.ones(len(target)) if sample_weight is None else np.asarray(sample_weight, dtype=float)
@@ -373,6 +383,13 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             return tuple(c for c in ("attention",) if c in self.physical_factors)
         return tuple(self.stack_factors)
 
+    def _shrunk_components(self) -> tuple[str, ...]:
+        """The components whose factor shrinks with the extrapolation distance (``shrink_factors``,
+        None read as documented)."""
+        if self.shrink_factors is None:
+            return tuple(c for c in ("compute",) if c in self.physical_factors)
+        return tuple(self.shrink_factors)
+
     def _held_out_scores(
         self,
         data: np.ndarray,
@@ -393,7 +410,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             booster = self._train(data[~held], target[~held] - base[~held], weights[~held])
             distance = self._distance(data[held][:, check], _ranges(data[~held][:, check]))
             correction = self._shrink(self._raw(booster, data[held]), distance)
-            residuals[held] = (target[held] - base[held] - correction) / (1.0 + distance)
+            held_base = factors.log_scale_of(shares[held], stacks[held], distance, self._shrunk_components())
+            residuals[held] = (target[held] - held_base - correction) / (1.0 + distance)
         order = np.argsort(residuals, kind="stable")
         total = weights.sum()
         w = weights[order] / total if total > 0 else np.full(len(order), 1.0 / len(order))
@@ -478,7 +496,16 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         data = self._data(X)
         distance = self.extrapolation_distance(X)
         correction = self._shrink(self._raw(self.booster_, data), distance)
-        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + self.factors_.log_scale(X) + correction, distance
+        base = self.factors_.log_scale(X, distance, self._shrunk_components())
+        return X[COMPOSED_STEP_COLUMN].to_numpy(dtype=float) + base + correction, distance
+
+    def scale_breakdown(self, breakdown: pd.DataFrame, X: pd.DataFrame) -> pd.DataFrame:
+        """A copy of ``breakdown`` (``<part>_ms`` columns, one row per row of run features ``X``) with
+        each part times its component's factor for the row, as :meth:`predict` applies it (the
+        row's stack, the shrunk components at its extrapolation distance)."""
+        check_is_fitted(self, "factors_")
+        stacks, distance = stack_labels(X), self.extrapolation_distance(X)
+        return self.factors_.scale_parts(breakdown, stacks, distance, self._shrunk_components())
 
     def _unstated_release(self, X: pd.DataFrame) -> np.ndarray:
         """Rows that state no software release although the model learned from releases."""
@@ -568,6 +595,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         params["features"] = list(params["features"]) if params["features"] is not None else None
         params["physical_factors"] = list(params["physical_factors"])
         params["stack_factors"] = None if params["stack_factors"] is None else list(params["stack_factors"])
+        params["shrink_factors"] = None if params["shrink_factors"] is None else list(params["shrink_factors"])
         return {
             "params": params,
             "run_feature_spec_version": RUN_FEATURE_SPEC_VERSION,
@@ -604,6 +632,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             params["physical_factors"] = tuple(params["physical_factors"])
             stack = params.get("stack_factors", ())  # bundles written before stacks: one global factor
             params["stack_factors"] = None if stack is None else tuple(stack)
+            shrink = params.get("shrink_factors", ())  # bundles written before: every factor whole
+            params["shrink_factors"] = None if shrink is None else tuple(shrink)
             model = cls(**params)
             model.feature_names_ = tuple(meta["feature_names"])
             model.residuals_ = np.asarray(meta["residuals"], dtype=float)

@@ -160,9 +160,8 @@ class StepPredictor:
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], ceiling.floor_ms(configs)
         )
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
-        factors = getattr(self.step_model, "factors_", None)
-        if factors is not None:  # parts the step model's physical factors scale: their own share first
-            frame = factors.scale_parts(frame, stated_stacks(configs))
+        if getattr(self.step_model, "factors_", None) is not None:  # the physical factors' parts: their own share first
+            frame = self.step_model.scale_breakdown(frame, X)
         frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / frame[parts].sum(axis=1).to_numpy(), axis=0)
         frame.insert(3, COMPOSED_COLUMN, composed)
         if self.flags_out_of_domain:
