@@ -309,8 +309,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             raise SpecError(f"correction_scale={self.correction_scale!r} must be in [0, 1]")
         if self.ood_interval not in OOD_INTERVALS:
             raise SpecError(f"ood_interval={self.ood_interval!r} unknown; allowed: {', '.join(OOD_INTERVALS)}")
-        if self.interval_level not in INTERVAL_LEVELS:
-            raise SpecError(f"interval_level={self.interval_level!r} unknown; allowed: {', '.join(INTERVAL_LEVELS)}")
+        self._check_interval_level()
         unknown = [c for c in self.physical_factors if c not in COMPONENTS]
         if unknown:
             raise SpecError(f"physical_factors {unknown} unknown; allowed: {', '.join(COMPONENTS)}")
@@ -377,18 +376,24 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             stacks=stacks, stack_components=self._stack_components(), stack_prior=self.stack_prior,
         )  # fmt: skip
 
+    def _check_interval_level(self) -> None:
+        if self.interval_level not in INTERVAL_LEVELS:
+            raise SpecError(f"interval_level={self.interval_level!r} unknown; allowed: {', '.join(INTERVAL_LEVELS)}")
+
+    def _listed_components(self, listed: tuple[str, ...] | None, default: str) -> tuple[str, ...]:
+        """``listed``, or for None the ``default`` component where it is among ``physical_factors``."""
+        if listed is None:
+            return tuple(c for c in (default,) if c in self.physical_factors)
+        return tuple(listed)
+
     def _stack_components(self) -> tuple[str, ...]:
         """The components fitted per training stack (``stack_factors``, None read as documented)."""
-        if self.stack_factors is None:
-            return tuple(c for c in ("attention",) if c in self.physical_factors)
-        return tuple(self.stack_factors)
+        return self._listed_components(self.stack_factors, "attention")
 
     def _shrunk_components(self) -> tuple[str, ...]:
         """The components whose factor shrinks with the extrapolation distance (``shrink_factors``,
         None read as documented)."""
-        if self.shrink_factors is None:
-            return tuple(c for c in ("compute",) if c in self.physical_factors)
-        return tuple(self.shrink_factors)
+        return self._listed_components(self.shrink_factors, "compute")
 
     def _held_out_scores(
         self,
@@ -406,8 +411,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         for k in np.unique(folds):
             held = folds == k
             factors = self._fit_factors(shares[~held], stacks[~held], target[~held], weights[~held])
-            base = factors.log_scale_of(shares, stacks)
-            booster = self._train(data[~held], target[~held] - base[~held], weights[~held])
+            train_base = factors.log_scale_of(shares[~held], stacks[~held])
+            booster = self._train(data[~held], target[~held] - train_base, weights[~held])
             distance = self._distance(data[held][:, check], _ranges(data[~held][:, check]))
             correction = self._shrink(self._raw(booster, data[held]), distance)
             held_base = factors.log_scale_of(shares[held], stacks[held], distance, self._shrunk_components())
@@ -538,8 +543,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         can get reaches ``coverage``.
         """
         check_coverage(coverage)
-        if self.interval_level not in INTERVAL_LEVELS:
-            raise SpecError(f"interval_level={self.interval_level!r} unknown; allowed: {', '.join(INTERVAL_LEVELS)}")
+        self._check_interval_level()  # also when set after fit
         domain = self._uses_domain()
         groups = getattr(self, "domain_residual_groups_" if domain else "residual_groups_", np.empty(0))
         if self.interval_level == "pooled" or len(groups) == 0:

@@ -19,9 +19,11 @@ equals the ceiling.
 
 Breakdown rule: the parts of the composed step (compute, attention, exposed communication
 per group, bubble, data-parallel sync, optimizer) are first multiplied by the step model's
-physical factor of their component (:mod:`perfcast.models.component_factors`; attention
-by default; the factor of the framework a config states where the step model fits them
-per training stack, else the global one), then all scaled alike so they add up to the predicted step;
+physical factor of their component for the config, as the step model applies it
+(:meth:`~perfcast.models.step_model.StepTimeRegressor.scale_breakdown`: the stated
+framework's factor where the step model fits them per training stack, else the global one;
+the shrunk components at the config's extrapolation distance), then all scaled alike so
+they add up to the predicted step;
 ``composed_step_ms`` keeps the uncorrected sum.
 """
 
