@@ -83,7 +83,7 @@ def test_ops_fixture_shapes(tmp_path: Path) -> None:
     assert tuple(l70.loc["attn_post_proj", ["m", "k", "n"]]) == (128, 1024, 8192)
     assert tuple(l70.loc["mlp_up_proj", ["m", "k", "n"]]) == (128, 8192, 28672)  # gated: 2*28672/2
     assert tuple(l70.loc["mlp_down_proj", ["m", "k", "n"]]) == (128, 14336, 8192)
-    assert tuple(l70.loc["mlp_act", ["op", "rows", "cols"]]) == ("silu", 128, 7168)
+    assert tuple(l70.loc["mlp_act", ["op", "rows", "cols"]]) == ("swiglu", 128, 7168)
     assert tuple(l70.loc["input_layernorm", ["op", "rows", "cols"]]) == ("rmsnorm", 128, 8192)
     assert tuple(l70.loc["add", ["op", "rows", "cols"]]) == ("add", 128, 8192)
     assert tuple(l70.loc["emb", ["op", "rows", "cols", "vocab_size"]]) == ("embedding", 128, 8192, 32768)

@@ -601,7 +601,7 @@ def test_descriptor_figures_keep_known_figures_and_nan_where_no_peer_has_one():
     h100 = HardwareSpec.from_name("h100-sxm5-80gb")
     assert dict(descriptor_figures(h100)) == {
         "sm_count": h100.sm_count, "l2_cache_mib": h100.l2_cache_mib, "tdp_w": h100.tdp_w,
-        "peak_fp32_tflops": h100.peak_fp32_tflops,
+        "peak_fp32_tflops": h100.peak_fp32_tflops, "boost_clock_mhz": h100.boost_clock_mhz,
     }  # fmt: skip
     tpu = descriptor_figures(HardwareSpec.from_name("tpu-v5p"))
     assert tpu["sm_count"] == 2 and math.isnan(tpu["l2_cache_mib"])  # no Google entry states an L2

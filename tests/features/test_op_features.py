@@ -11,6 +11,7 @@ from perfcast.features.hardware import HardwareSpec
 from perfcast.features.op_features import (
     FEATURE_SPEC,
     FEATURE_SPEC_VERSION,
+    GATHER_CYCLES_PER_ELEMENT,
     META_COLUMNS,
     featurize_ops,
 )
@@ -77,6 +78,20 @@ def test_roofline_uses_dtype_peak(feats):
     ridge = a100.peak_tflops("fp32") * 1e12 / (a100.mem_bw_gbps * 1e9)
     assert feats.loc[11, "l_ai_over_ridge"] == pytest.approx(np.log(ai / ridge))
     assert np.isnan(feats.loc[17, "roofline_ms"])
+
+
+def test_issue_time_of_embedding_forwards_only(feats):
+    h100 = HardwareSpec.from_name("h100-sxm5-80gb")
+    cycles_per_ms = h100.sm_count * h100.boost_clock_mhz * 1e3
+    assert feats.loc[15, "issue_ms"] == pytest.approx(4096 * 4096 * GATHER_CYCLES_PER_ELEMENT / cycles_per_ms)
+    assert feats.loc[15, "issue_ms"] > feats.loc[15, "roofline_ms"]  # an H100 gather is issue-bound
+    assert (feats.drop(index=15)["issue_ms"] == 0).all()
+    backward = featurize_ops(OPS.loc[[15]].assign(backward=True))
+    assert backward["issue_ms"].iloc[0] == 0
+    # a GPU without a boost clock takes its nearest same-vendor entry's (H200: the H100's)
+    h200 = featurize_ops(OPS.loc[[15]].assign(gpu="h200-sxm-141gb"))
+    assert HardwareSpec.from_name("h200-sxm-141gb").boost_clock_mhz is None
+    assert h200["issue_ms"].iloc[0] == pytest.approx(feats.loc[15, "issue_ms"])
 
 
 def test_wave_features(feats):

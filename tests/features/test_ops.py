@@ -151,10 +151,14 @@ def test_vector_memory_traffic():
             dict(op="gelu", rows=10, cols=100, dtype="bf16", backward=True),  # dy, x in; dx out
             dict(op="softmax", rows=10, cols=100, dtype="fp32"),
             dict(op="optimizer", rows=1, cols=1000, dtype="bf16"),
+            dict(op="swiglu", rows=10, cols=100, dtype="bf16"),  # gate and up halves in, y out
+            dict(op="swiglu", rows=10, cols=100, dtype="bf16", backward=True),  # dy, gate, up in; their grads out
         ]
     )
     assert ADAM_BYTES_PER_PARAM == 30.0
-    assert list(op_memory_bytes(ops)) == [2 * e * 2, 3 * e * 2, 2 * e * 2, 3 * e * 2, 2 * e * 4, 30 * 1000]
+    assert list(op_memory_bytes(ops)) == [
+        2 * e * 2, 3 * e * 2, 2 * e * 2, 3 * e * 2, 2 * e * 4, 30 * 1000, 3 * e * 2, 5 * e * 2,
+    ]  # fmt: skip
 
 
 def test_collective_memory_is_its_message():

@@ -24,7 +24,7 @@ from sklearn.exceptions import NotFittedError
 from perfcast.data.schema import QUERY_TIMING, OpTiming
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION, TIMING_FEATURE, featurize_ops
-from perfcast.models.op_base import DEFAULT_LAUNCH_MS, POOLED
+from perfcast.models.op_base import DEFAULT_LAUNCH_MS, POOLED, base_ms
 from perfcast.models.op_bounds import EFFICIENCY_MARGIN
 from perfcast.models.op_model import OpTimeRegressor
 
@@ -274,6 +274,20 @@ def test_launch_measured_from_tiny_ops():
     assert model.launch_ms_[("NVIDIA", "vector", "gpu_kernels")] == pytest.approx(np.quantile(t, 0.05))
     blind = OpTimeRegressor(n_estimators=5, calibrate=False, n_jobs=1, timing=False).fit(tiny, t)
     assert blind.launch_ms_[("NVIDIA", "vector")] == pytest.approx(np.quantile(t, 0.05))
+
+
+def test_base_of_an_embedding_forward_is_its_issue_time_where_longer():
+    rows = pd.DataFrame(
+        {"op": ["embedding", "embedding", "add"], "rows": 4096, "cols": 4096, "dtype": "bf16",
+         "backward": [False, True, False], "gpu": "h100-sxm5-80gb"}
+    )  # fmt: skip
+    feats = featurize_ops(rows)
+    launch = {(POOLED, "vector"): 0.01}
+    expected = 0.01 + np.array(
+        [feats["issue_ms"].iloc[0], feats["roofline_ms"].iloc[1], feats["roofline_ms"].iloc[2]]
+    )  # the forward gather is issue-bound; backward and other ops keep the roofline
+    assert feats["issue_ms"].iloc[0] > feats["roofline_ms"].iloc[0]
+    np.testing.assert_allclose(base_ms(feats, launch, "vector"), expected)
 
 
 def test_predict_with_interval_matches_the_two_calls(fitted, data):

@@ -15,7 +15,12 @@ EnumT = TypeVar("EnumT", bound=Enum)
 
 
 class OpType(str, Enum):
-    """The ``op`` column of the op table."""
+    """The ``op`` column of the op table.
+
+    ``swiglu`` is the fused gated activation ``silu(gate) * up`` of a gated MLP (vLLM's and
+    Vidur's ``SiluAndMul``, Megatron-Core's bias-SwiGLU fusion): ``rows x cols`` outputs from
+    the two ``rows x cols`` halves of its input, one kernel.
+    """
 
     MATMUL = "matmul"
     BMM = "bmm"
@@ -31,6 +36,7 @@ class OpType(str, Enum):
     GELU = "gelu"
     SILU = "silu"
     TANH = "tanh"
+    SWIGLU = "swiglu"
     ATTENTION = "attention"
     EMBEDDING = "embedding"
     OPTIMIZER = "optimizer"

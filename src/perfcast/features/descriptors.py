@@ -13,7 +13,7 @@ from perfcast.features.hardware_spec import HardwareSpec, list_hardware
 
 logger = logging.getLogger(__name__)
 
-IMPUTED_FIGURES = ("sm_count", "l2_cache_mib", "tdp_w", "peak_fp32_tflops")
+IMPUTED_FIGURES = ("sm_count", "l2_cache_mib", "tdp_w", "peak_fp32_tflops", "boost_clock_mhz")
 """Figures that :func:`descriptor_figures` fills from a peer when the catalog lacks them."""
 
 

@@ -90,6 +90,7 @@ VECTOR_OP_CODES: Mapping[str, int] = MappingProxyType(
         OpType.RMSNORM.value: 10,
         OpType.EMBEDDING.value: 11,
         OpType.OPTIMIZER.value: 12,
+        OpType.SWIGLU.value: 13,
     }
 )
 COLLECTIVE_OP_CODES: Mapping[str, int] = MappingProxyType(
@@ -163,8 +164,18 @@ _COLLECTIVE = ("coll_code", "l_msg_bytes", "l_n_ranks", "l_ranks_per_node", "mul
 TIMING_FEATURE = "timed_with_launch"
 """1 where a row's time includes the host launch of its call (``OpTiming.includes_launch``), else 0."""
 
-META_COLUMNS = ("op_class", "gpu_id", "vendor", "roofline_ms", "flops", "mem_bytes")
+META_COLUMNS = ("op_class", "gpu_id", "vendor", "roofline_ms", "issue_ms", "flops", "mem_bytes")
 """Columns :func:`featurize_ops` returns before the feature columns."""
+
+GATHER_CYCLES_PER_ELEMENT = 2.0
+"""SM cycles an embedding forward spends per output element, the ``issue_ms`` of its rows.
+
+PyTorch's embedding forward (``index_select``) computes a source and a destination offset
+for every element with 64-bit index arithmetic, so it is bound by instruction issue, not
+bandwidth: over lookups of at least 2^20 elements, Vidur's fp16 lookups (kernel time) take a
+median 2.00 cycles per element on the A100-SXM4 and 1.70 on the A40 (0.15 and 0.49 of their
+bandwidth), NeuSight's fp32 embedding modules (launch included) 1.6-4.1 on eight GPUs
+(``benchmarks/op_gather_issue.py``, ``benchmarks/results/op_gather_issue.md``)."""
 
 
 @dataclass(frozen=True)
@@ -281,8 +292,11 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
 
     Returns:
         A frame with ``ops``' index: :data:`META_COLUMNS` (``op_class``, ``gpu_id``,
-        ``vendor``, ``roofline_ms`` at the row dtype's peak, ``flops``, ``mem_bytes``) then
-        ``FEATURE_SPEC.all_columns`` (NaN where a column does not apply to the row).
+        ``vendor``, ``roofline_ms`` at the row dtype's peak, ``issue_ms`` the time to issue
+        an embedding forward's per-element work over the GPU's SMs at its boost clock,
+        :data:`GATHER_CYCLES_PER_ELEMENT` per element, 0 for other rows and where the clock is
+        unknown, ``flops``, ``mem_bytes``) then ``FEATURE_SPEC.all_columns`` (NaN where a column
+        does not apply to the row).
 
     Raises:
         SpecError: unknown op, dtype or GPU (naming the rows), or a GPU whose catalog
@@ -315,7 +329,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
     # Per-GPU figures, broadcast to rows; each distinct gpu name is resolved once.
     gpu_id = np.empty(n, dtype=object)
     vendor = np.empty(n, dtype=object)
-    hw_cols = {k: np.full(n, np.nan) for k in ("sm", "l2", "bw", "tdp", "fp32", "amd", "peak")}
+    hw_cols = {k: np.full(n, np.nan) for k in ("sm", "l2", "bw", "tdp", "fp32", "amd", "peak", "clock")}
     roof_s = np.full(n, np.nan)
     is_tensor = np.isin(classes, [OpClass.GEMM.value, OpClass.ATTENTION.value])
     gpu_values = ops["gpu"].to_numpy(dtype=object)
@@ -335,6 +349,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
         hw_cols["bw"][rows] = hw.mem_bw_gbps
         hw_cols["tdp"][rows] = figures["tdp_w"]
         hw_cols["fp32"][rows] = figures["peak_fp32_tflops"]
+        hw_cols["clock"][rows] = figures["boost_clock_mhz"]
         hw_cols["amd"][rows] = float(hw.vendor.upper() == "AMD")
         compute = rows[classes[rows] != OpClass.COLLECTIVE.value]
         if len(compute) == 0:
@@ -363,6 +378,7 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
         "gpu_id": gpu_id,
         "vendor": vendor,
         "roofline_ms": roof_s * MS_PER_S,
+        "issue_ms": _gather_issue_ms(frame, kinds, hw_cols),
         "flops": flops,
         "mem_bytes": mem,
     }
@@ -390,6 +406,18 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
                 feats[col] = np.where(rows_of_cls, np.nan, feats[col])
     result = pd.DataFrame(out, index=ops.index)
     return pd.concat([result, pd.DataFrame(feats, index=ops.index)], axis=1)
+
+
+def _gather_issue_ms(ops: pd.DataFrame, kinds: np.ndarray, hw_cols: Mapping[str, np.ndarray]) -> np.ndarray:
+    """``issue_ms`` of each row (:func:`featurize_ops`): embedding forwards only, else 0."""
+    gather = (kinds == OpType.EMBEDDING.value) & (_flag(ops, "backward") == 0)
+    out = np.zeros(len(kinds))
+    if gather.any():
+        elems = _num(ops, "rows", 1.0) * _num(ops, "cols")
+        with np.errstate(invalid="ignore"):
+            issue = elems * GATHER_CYCLES_PER_ELEMENT / (hw_cols["sm"] * hw_cols["clock"] * 1e6) * MS_PER_S
+        out[gather] = np.nan_to_num(issue[gather], nan=0.0)
+    return out
 
 
 def _gemm_features(feats: dict[str, np.ndarray], ops: pd.DataFrame, kinds: np.ndarray, sel: np.ndarray, sms) -> None:

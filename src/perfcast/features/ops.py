@@ -14,7 +14,8 @@ shape columns count as absent. Counting conventions:
   dO, dQ, dK, dV).
 * Vector ops: ``rows x cols`` elements; traffic counts inputs read and outputs written.
   Backward rows (``backward=True``) read the output gradient and the saved input and
-  write the input gradient.
+  write the input gradient. ``swiglu`` reads its two halves and writes ``rows x cols``
+  (backward: reads the output gradient and both halves, writes both halves' gradients).
 * ``optimizer``: an Adam update over ``cols`` parameters (fp32 master weights, two
   moments, fp32 gradient read; master, moments and 16-bit weight written: 30 bytes per
   parameter).
@@ -61,6 +62,7 @@ _VECTOR_FLOPS_PER_ELEMENT = {
     OpType.GELU: 8.0,
     OpType.SILU: 4.0,
     OpType.TANH: 4.0,
+    OpType.SWIGLU: 5.0,
     OpType.EMBEDDING: 0.0,
     OpType.OPTIMIZER: 12.0,
 }
@@ -209,6 +211,7 @@ def op_memory_bytes(ops: OpColumns) -> np.ndarray:
     elems = _col(ops, "rows", 1.0) * _col(ops, "cols")
     binary = np.isin(kind, [o.value for o in BINARY_OPS]) & ~flag_column(ops, "scalar")
     vector = elems * act * np.where(backward, 3.0, np.where(binary, 3.0, 2.0))
+    vector = np.where(kind == OpType.SWIGLU.value, elems * act * np.where(backward, 5.0, 3.0), vector)
     vector = np.where(kind == OpType.OPTIMIZER.value, elems * ADAM_BYTES_PER_PARAM, vector)
 
     cls = op_classes(kind)

@@ -2,7 +2,13 @@ r"""Physics base of the op model: a launch term plus the roofline time, per vend
 
 .. math::
 
-    t_\text{base} = L_{v,c} + t_\text{roofline}
+    t_\text{base} = L_{v,c} + \max(t_\text{roofline}, t_\text{issue})
+
+``t_issue`` is the featuriser's ``issue_ms``: the instruction-issue time of an embedding
+forward, whose gather runs far below the bandwidth roofline on fast-memory GPUs (0 for other
+ops; :data:`perfcast.features.op_features.GATHER_CYCLES_PER_ELEMENT`). It is part of the base
+the trees correct, not of the physical floor (:mod:`perfcast.models.op_bounds`): a vectorised
+gather may beat it.
 
 ``L_{v,c}`` is the launch/host constant of vendor ``v`` and op class ``c``: the
 :data:`LAUNCH_QUANTILE` quantile of the measured times of the training ops whose roofline is
@@ -109,7 +115,7 @@ def base_ms(
     cls: str,
     timing: np.ndarray | None = None,
 ) -> np.ndarray:
-    """``t_base`` of rows of class ``cls``, ms: their launch term plus the roofline.
+    """``t_base`` of rows of class ``cls``, ms: their launch term plus the roofline (or the issue time, if longer).
 
     The launch term is the row's ``(vendor, cls)`` entry, else ``(POOLED, cls)``; with
     ``timing``, the ``(vendor, cls, timing)`` entry, else ``(POOLED, cls, timing)``, else
@@ -120,6 +126,8 @@ def base_ms(
     """
     vendors = feats["vendor"].to_numpy()
     roof = feats["roofline_ms"].to_numpy(dtype=float)
+    if "issue_ms" in feats:
+        roof = np.fmax(roof, feats["issue_ms"].to_numpy(dtype=float))
     if timing is None:
         pooled = launch[(POOLED, cls)]
         lmap = {v: launch.get((str(v), cls), pooled) for v in pd.unique(vendors)}

@@ -4,11 +4,12 @@ For an op of class ``c`` (gemm, vector, attention) on a GPU of vendor ``v``:
 
 .. math::
 
-    t_\\text{base} = L_{v,c} + t_\\text{roofline}, \\qquad
+    t_\\text{base} = L_{v,c} + \\max(t_\\text{roofline}, t_\\text{issue}), \\qquad
     \\hat t = t_\\text{base} \\cdot \\exp f_c(x)
 
 where ``t_roofline`` is the roofline time at the row dtype's peak
-(:func:`perfcast.features.roofline.roofline_time_s`), ``L_{v,c}`` a launch/host constant
+(:func:`perfcast.features.roofline.roofline_time_s`), ``t_issue`` the instruction-issue time
+of an embedding forward's gather (0 for other ops), ``L_{v,c}`` a launch/host constant
 (the 5% quantile of the measured times of the training ops whose roofline is under 1 us,
 per vendor and class: :mod:`perfcast.models.op_base`) and ``f_c`` one XGBoost booster per
 class fitted on ``log(t / t_base)`` over the GPU-relative features of

@@ -25,7 +25,7 @@ Vidur op                          op-table row
 ``attn_post_proj`` (out proj)     matmul ``m=t, k=n_head*d/tp, n=h``
 ``mlp_up_proj``                   matmul ``m=t, k=h, n=f*(2 if gated else 1)/tp`` (gate and up fused)
 ``mlp_down_proj``                 matmul ``m=t, k=f/tp, n=h``
-``mlp_act``                       silu (gated) or gelu (not gated), ``rows=t, cols=f/tp``
+``mlp_act``                       swiglu (gated) or gelu (not gated), ``rows=t, cols=f/tp``
 ``input_layernorm``,              rmsnorm (gated, Llama-style models) or layernorm (not gated),
 ``post_attention_layernorm``      ``rows=t, cols=h``
 ``add`` (residual)                add ``rows=t, cols=h``
@@ -39,8 +39,8 @@ Vidur op                          op-table row
   Megatron; ``n_head`` must be divisible by ``tp`` and ``n_kv_head`` must divide or be
   divisible by ``tp``, otherwise the row is rejected.
 * The gated ``mlp_act`` is Vidur's fused ``SiluAndMul``: it reads ``t x 2f/tp`` and writes
-  ``t x f/tp``, i.e. a SiLU plus an element-wise multiply. It is recorded as ``silu`` over
-  the ``f/tp`` output columns; a featuriser that counts bytes should know it reads twice that.
+  ``t x f/tp``, a SiLU and an element-wise multiply in one kernel: the op table's ``swiglu``
+  over the ``f/tp`` output columns.
 * Norm and activation follow the MLP gating: every gated model of the file (Llama-2/3,
   CodeLlama, InternLM, Qwen) uses RMSNorm + SiLU; the only ungated one, phi-2, uses LayerNorm
   + GELU (tanh approximation) and a parallel attention/MLP block, so it has no
@@ -332,7 +332,7 @@ def _op_type(op_name: pd.Series, gated: pd.Series) -> pd.Series:
     norm = np.isin(names, _NORM_OPS)
     kind[norm] = np.where(is_gated[norm], OpType.RMSNORM.value, OpType.LAYERNORM.value)
     act = names == "mlp_act"
-    kind[act] = np.where(is_gated[act], OpType.SILU.value, OpType.GELU.value)
+    kind[act] = np.where(is_gated[act], OpType.SWIGLU.value, OpType.GELU.value)
     kind[names == "add"] = OpType.ADD.value
     kind[names == "emb"] = OpType.EMBEDDING.value
     return pd.Series(kind, index=op_name.index, dtype="object")
