@@ -24,6 +24,7 @@ from sklearn.exceptions import NotFittedError
 from perfcast.data.schema import QUERY_TIMING, OpTiming
 from perfcast.errors import OutOfDomainWarning, SpecError
 from perfcast.features.op_features import FEATURE_SPEC_VERSION, TIMING_FEATURE, featurize_ops
+from perfcast.models import op_interval
 from perfcast.models.op_base import DEFAULT_LAUNCH_MS, POOLED, base_ms
 from perfcast.models.op_bounds import EFFICIENCY_MARGIN
 from perfcast.models.op_model import OpTimeRegressor
@@ -389,6 +390,33 @@ def test_ceilings_survive_the_bundle_and_old_bundles_use_the_roofline(fitted, da
     np.testing.assert_array_equal(legacy.efficiency_ceilings(ops), 1.0)
     roofline = featurize_ops(ops)["roofline_ms"].to_numpy()
     assert np.all(legacy.predict(ops) >= roofline)
+
+
+@pytest.mark.filterwarnings("ignore::perfcast.errors.OutOfDomainWarning")  # the A40 is a new GPU here
+def test_an_op_one_training_gpu_ran_gets_the_interval_of_such_ops(data, tmp_path):
+    ops, t = data
+    rng = np.random.default_rng(3)
+    only_t4 = pd.DataFrame({"op": "silu", "rows": rng.integers(512, 20000, 150), "cols": 4096, "dtype": "fp32",
+                            "gpu": "t4", "timing": "cuda_events"})  # fmt: skip
+    fused = true_ms(only_t4) * 2.5  # a kernel slower than the ops the other GPUs share
+    model = OpTimeRegressor(**FAST, timing=True).fit(pd.concat([ops, only_t4], ignore_index=True), [*t, *fused])
+    assert len(model.op_key_gpus_["vector"]["4:4"]) == 4 and model.op_key_gpus_["vector"]["6:4"] == ("t4",)
+    query = pd.concat([ops[ops["op"] == "add"].head(20), only_t4.head(20)], ignore_index=True).assign(gpu="a40")
+    pred, interval = model.predict_with_interval(query)
+    half_width = np.log(interval[:, 1] / pred)
+    q_class = model.residual_quantiles("vector")[1]
+    q_rare = op_interval.rare_op_quantile(model.rare_residuals_["vector"], 0.9)
+    assert q_rare > q_class
+    np.testing.assert_allclose(half_width[:20], q_class)  # add: run by every training GPU
+    np.testing.assert_allclose(half_width[20:], q_rare)  # silu: by the t4 alone
+    meta = model._save_to(tmp_path)
+    np.testing.assert_array_equal(OpTimeRegressor._load_from(tmp_path, meta).predict_interval(query), interval)
+    legacy = OpTimeRegressor._load_from(tmp_path, {k: v for k, v in meta.items() if k != "rare_residuals"})
+    np.testing.assert_allclose(np.log(legacy.predict_interval(query)[:, 1] / pred), q_class)
+    # on the t4, which ran it, silu keeps the class interval
+    on_t4 = model.predict_with_interval(only_t4.head(20))
+    np.testing.assert_allclose(np.log(on_t4[1][:, 1] / on_t4[0]), q_class)
+
 
 
 KERNEL_FLOOR_MS = 0.0015  # kernel-only times of tiny ops, as in Vidur's tables

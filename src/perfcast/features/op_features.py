@@ -294,9 +294,9 @@ def featurize_ops(ops: pd.DataFrame) -> pd.DataFrame:
         A frame with ``ops``' index: :data:`META_COLUMNS` (``op_class``, ``gpu_id``,
         ``vendor``, ``roofline_ms`` at the row dtype's peak, ``issue_ms`` the time to issue
         an embedding forward's per-element work over the GPU's SMs at its boost clock,
-        :data:`GATHER_CYCLES_PER_ELEMENT` per element, 0 for other rows and where the clock is
-        unknown, ``flops``, ``mem_bytes``) then ``FEATURE_SPEC.all_columns`` (NaN where a column
-        does not apply to the row).
+        :data:`GATHER_CYCLES_PER_ELEMENT` per element, 0 for other rows and where the SM
+        count or clock is unknown, ``flops``, ``mem_bytes``) then
+        ``FEATURE_SPEC.all_columns`` (NaN where a column does not apply to the row).
 
     Raises:
         SpecError: unknown op, dtype or GPU (naming the rows), or a GPU whose catalog

@@ -11,9 +11,9 @@ Which predictor times which node:
   predictor, an :class:`~perfcast.models.predictor_protocol.OpPredictor` (times, bounds
   and out-of-domain flags in one ``predict_ops_flagged`` call; the
   shipped :class:`~perfcast.models.bundle.PredictorBundle` or
-  :class:`~perfcast.models.analytic.AnalyticOpPredictor`). A bundle times the classes it
-  has not learned (attention, embedding, optimizer today) with the analytic roofline and
-  gives them no interval;
+  :class:`~perfcast.models.analytic.AnalyticOpPredictor`). A bundle times an op class it
+  has no booster for (attention, in a bundle trained without attention data) with the
+  analytic roofline and gives it no interval; embedding and optimizer rows are vector ops;
 * collective nodes go to ``collective_predictor`` when one is given (anything with
   ``predict_with_interval(X, coverage) -> (pred, (n, 2))`` such as
   :class:`~perfcast.models.collective_model.CollectiveTimeRegressor`); otherwise the

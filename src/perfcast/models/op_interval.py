@@ -20,6 +20,16 @@ unlike the rest keeps most of its coverage. It is symmetric because the skew of 
 of calibration GPUs' residuals does not carry to the next GPU (the comparison with the
 skewed quantile interval: ``benchmarks/results/docstring_notes.md``).
 
+An op the training GPUs rarely share is predicted from fewer GPUs than the interval's
+residuals assume: the inner loop measures an op seen on eight other GPUs, while a held-out
+GPU's fused kernel or 16-bit norm was seen on one. Each op key (:func:`op_keys`: the op and
+its element size) lists the training GPUs that ran it (:func:`key_gpus`). The inner
+residuals of the keys seen on fewer than :data:`RARE_OP_GPUS` *other* training GPUs are kept
+apart (:func:`rare_op_residuals`, the absolute residual, each GPU weighing equally), and a
+query on a GPU that did not run its key, a key fewer than :data:`RARE_OP_GPUS` training GPUs
+ran (:func:`rare_rows`), gets at least their ``c`` quantile (:func:`rare_op_quantile`): the
+error of an op learned from that few GPUs.
+
 With fewer than :data:`MIN_CALIBRATION_GPUS` GPUs the residuals are :data:`N_ROW_FOLDS`-fold
 out-of-fold residuals over rows (a within-GPU interval), unless the class borrows the GPU
 shifts of its :data:`SHIFT_DONORS` class (:func:`borrow_gpu_shifts`). Residuals are natural
@@ -29,7 +39,7 @@ logs of ``t / pred``; weights give each GPU an equal total.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 import numpy as np
 import pandas as pd
@@ -40,6 +50,7 @@ from perfcast.models.intervals import (
     random_effect_abs_quantile,
     straddle_zero,
     weighted_quantile,
+    weighted_quantiles,
 )
 
 __all__ = [
@@ -47,11 +58,17 @@ __all__ = [
     "INNER_TREES_FRACTION",
     "MIN_CALIBRATION_GPUS",
     "N_ROW_FOLDS",
+    "RARE_OP_GPUS",
     "RESIDUAL_LEVELS",
     "SHIFT_DONORS",
     "borrow_gpu_shifts",
     "fit_residuals",
     "gpu_equal_weights",
+    "key_gpus",
+    "op_keys",
+    "rare_op_quantile",
+    "rare_op_residuals",
+    "rare_rows",
     "residual_quantiles",
 ]
 
@@ -65,6 +82,9 @@ N_ROW_FOLDS = 5
 SHIFT_DONORS = {OpClass.ATTENTION.value: OpClass.GEMM.value}
 """A class fitted on fewer than MIN_CALIBRATION_GPUS GPUs borrows the GPU shifts of this class:
 fused attention is matmul-bound, and the shipped default learns it from one GPU (H200)."""
+
+RARE_OP_GPUS = 2
+"""An op key run by fewer training GPUs than this is rare (module docstring)."""
 
 RESIDUAL_LEVELS = np.linspace(0.0, 1.0, 1001)
 """Levels of the equal-weight points kept of each class's residual distribution (steps of 0.1%)."""
@@ -174,3 +194,47 @@ def gpu_equal_weights(gpus: np.ndarray, w: np.ndarray) -> np.ndarray:
         m = gpus == gpu
         out[m] = out[m] / out[m].sum()
     return out / out.mean()
+
+
+def op_keys(feats: pd.DataFrame) -> np.ndarray:
+    """The op key of each featurised row: ``"<op code>:<element bytes>"`` (vector rows carry an
+    op code; the other classes key on the element size alone)."""
+    code = feats["op_code"].to_numpy(dtype=float) if "op_code" in feats else np.full(len(feats), np.nan)
+    code = np.where(np.isnan(code), -1, code).astype(int)
+    elem = feats["elem_bytes"].to_numpy(dtype=float)
+    return np.array([f"{c}:{e:g}" for c, e in zip(code, elem, strict=True)], dtype=object)
+
+
+def key_gpus(keys: np.ndarray, gpus: np.ndarray) -> dict[str, tuple[str, ...]]:
+    """``{op key: the distinct GPUs with rows of it, sorted}``."""
+    pairs = pd.DataFrame({"key": keys, "gpu": gpus}).drop_duplicates()
+    return {str(k): tuple(sorted(map(str, g))) for k, g in pairs.groupby("key")["gpu"]}
+
+
+def rare_rows(keys: np.ndarray, gpus: np.ndarray, ran: Mapping[str, tuple[str, ...]]) -> np.ndarray:
+    """Boolean per query row: its GPU did not run its key, and fewer than :data:`RARE_OP_GPUS`
+    training GPUs did (``ran``: :func:`key_gpus` of the training rows)."""
+    runs = [ran.get(str(k), ()) for k in keys]
+    return np.array([len(r) < RARE_OP_GPUS and str(g) not in r for r, g in zip(runs, gpus, strict=True)], dtype=bool)
+
+
+def rare_op_residuals(
+    residuals: np.ndarray, gpus: np.ndarray, keys: np.ndarray, weights: np.ndarray
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """Absolute out-of-GPU residuals of the rows whose key fewer than :data:`RARE_OP_GPUS` other
+    GPUs ran, as equal-weight points at :data:`RESIDUAL_LEVELS` (each GPU weighing equally);
+    ``None`` where no row is rare."""
+    ran = key_gpus(keys, gpus)
+    others = np.array([len(ran[str(k)]) - 1 for k in keys])
+    rare = others < RARE_OP_GPUS
+    if not rare.any():
+        return None
+    grid = weighted_quantiles(np.abs(residuals[rare]), gpu_equal_weights(gpus[rare], weights[rare]), RESIDUAL_LEVELS)
+    return grid, np.ones_like(grid)
+
+
+def rare_op_quantile(rare: tuple[np.ndarray, np.ndarray] | None, coverage: float) -> float:
+    """The ``coverage`` quantile of :func:`rare_op_residuals`'s points (0 where there are none)."""
+    if rare is None:
+        return 0.0
+    return weighted_quantile(rare[0], rare[1], coverage)

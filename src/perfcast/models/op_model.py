@@ -20,7 +20,10 @@ it has not seen (leave-one-GPU-out results: ``benchmarks/results/op_logo.md``).
 The interval (:mod:`perfcast.models.op_interval`) answers "how wrong is the model on a GPU it
 has not seen": a random effect for the new GPU's shift, fitted on out-of-GPU log residuals of
 an inner leave-one-GPU-out loop, plus the spread of the ops around their GPU's shift; it is
-``pred * exp([-q, q])``, symmetric in log time around the median.
+``pred * exp([-q, q])``, symmetric in log time around the median. An op that fewer than two
+training GPUs ran (a fused kernel, a dtype one GPU was measured in) gets, on a GPU that did
+not run it, at least the quantile of the inner residuals of such ops
+(``op_interval.rare_op_residuals``).
 
 Physical bounds (:mod:`perfcast.models.op_bounds`): whatever the trees say, a predicted time
 is never below the op's roofline time over the efficiency ceiling ``eta`` of its class and
@@ -177,6 +180,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         self.residuals_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.interval_kind_: dict[str, str] = {}
         self.gpu_shifts_: dict[str, np.ndarray] = {}
+        self.op_key_gpus_: dict[str, dict[str, tuple[str, ...]]] = {}
+        self.rare_residuals_: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.feature_names_ = {c: self._feature_names(c) for c in classes}
         self.train_timings_: dict[str, tuple[str, ...]] = {}
         for cls in classes:
@@ -189,8 +194,13 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             self.launch_ms_.update(launch)
             self.boosters_[cls] = booster
             (res, weights), self.interval_kind_[cls] = self._fit_residuals(cls, fc, tc, wc, booster, launch, tim)
+            gpus, keys = fc["gpu_id"].to_numpy(), op_interval.op_keys(fc)
+            self.op_key_gpus_[cls] = op_interval.key_gpus(keys, gpus)
             if self.interval_kind_[cls] == "gpu":
-                res, self.gpu_shifts_[cls] = split_group_shifts(res, weights, fc["gpu_id"].to_numpy())
+                rare = op_interval.rare_op_residuals(res, gpus, keys, weights)
+                if rare is not None:
+                    self.rare_residuals_[cls] = rare
+                res, self.gpu_shifts_[cls] = split_group_shifts(res, weights, gpus)
             else:
                 self.gpu_shifts_[cls] = np.empty(0)
             grid = weighted_quantiles(res, weights, RESIDUAL_LEVELS)
@@ -393,7 +403,13 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         classes = feats["op_class"].to_numpy()
         for cls in pd.unique(classes):
             m = classes == cls
-            out[m] = log_interval(pred[m], *self.residual_quantiles(cls, coverage))
+            q_lo, q_hi = self.residual_quantiles(cls, coverage)
+            q_rare = self._rare_op_quantile(cls, coverage)
+            if q_rare > 0:
+                keys, gpus = op_interval.op_keys(feats[m]), feats["gpu_id"].to_numpy()[m]
+                rare = op_interval.rare_rows(keys, gpus, self.op_key_gpus_[cls])
+                q_lo, q_hi = np.where(rare, min(q_lo, -q_rare), q_lo), np.where(rare, max(q_hi, q_rare), q_hi)
+            out[m] = log_interval(pred[m], q_lo, q_hi)
         out[:, 0] = np.fmax(out[:, 0], floor)
         return pred, out, ood
 
@@ -413,6 +429,16 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         key = (op_class, float(coverage))
         if key not in cache:
             cache[key] = self._residual_quantiles(op_class, coverage)
+        return cache[key]
+
+    def _rare_op_quantile(self, op_class: str, coverage: float) -> float:
+        """The least ``|log|`` half-width of a rare op key's interval (:func:`.op_interval.rare_op_quantile`;
+        0 for a class without rare-op residuals, and for bundles saved before them). Cached like
+        :meth:`residual_quantiles`."""
+        cache = self.__dict__.setdefault("_quantile_cache", {})
+        key = ("rare", op_class, float(coverage))
+        if key not in cache:
+            cache[key] = op_interval.rare_op_quantile(getattr(self, "rare_residuals_", {}).get(op_class), coverage)
         return cache[key]
 
     def _residual_quantiles(self, op_class: str, coverage: float) -> tuple[float, float]:
@@ -452,6 +478,7 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
         """Write ``op_<class>.ubj`` boosters into ``directory``; return the JSON-able rest."""
         check_is_fitted(self, "boosters_")
         directory = Path(directory)
+        key_gpus = getattr(self, "op_key_gpus_", {})
         files = {}
         for cls, booster in self.boosters_.items():
             name = f"op_{cls}.ubj"
@@ -471,6 +498,8 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             "residuals": {
                 c: {"values": vals.tolist(), "weights": wts.tolist()} for c, (vals, wts) in self.residuals_.items()
             },
+            "op_key_gpus": {c: {k: list(g) for k, g in v.items()} for c, v in key_gpus.items()},
+            "rare_residuals": {c: v.tolist() for c, (v, _) in getattr(self, "rare_residuals_", {}).items()},
             "train_gpus": list(self.train_gpus_),
             "train_elem_bytes": list(self.train_elem_bytes_),
             "backward_classes": list(getattr(self, "backward_classes_", ())),
@@ -508,6 +537,13 @@ class OpTimeRegressor(RegressorMixin, BaseEstimator):
             model.residuals_ = {
                 c: (np.asarray(r["values"], dtype=float), np.asarray(r["weights"], dtype=float))
                 for c, r in meta["residuals"].items()
+            }
+            # bundles written before the rare-op interval have neither: every op gets the class's interval
+            model.op_key_gpus_ = {
+                c: {k: tuple(g) for k, g in v.items()} for c, v in meta.get("op_key_gpus", {}).items()
+            }
+            model.rare_residuals_ = {
+                c: (np.asarray(v, dtype=float), np.ones(len(v))) for c, v in meta.get("rare_residuals", {}).items()
             }
             model.train_gpus_ = tuple(meta["train_gpus"])
             model.train_elem_bytes_ = tuple(float(v) for v in meta.get("train_elem_bytes", op_domain.LEGACY_ELEM_BYTES))
