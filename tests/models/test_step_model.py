@@ -9,7 +9,7 @@ from sklearn.exceptions import NotFittedError
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_features import RELEASE_COLUMN, RUN_FEATURE_SPEC
-from perfcast.models.step_model import DEFAULT_FEATURES, SCALE_FEATURES, StepTimeRegressor
+from perfcast.models.step_model import DEFAULT_FEATURES, SCALE_FEATURES, SOFTWARE_SIGNATURE, StepTimeRegressor
 from perfcast.training.metrics import mape
 
 SMALL = {"n_estimators": 60, "max_depth": 3, "n_jobs": 1}
@@ -376,3 +376,24 @@ def test_without_calibration_groups_the_level_is_the_coverage(heavy_tail, tmp_pa
         StepTimeRegressor(interval_level="median", **SMALL).fit(X, y)
     with pytest.raises(SpecError, match="calibration_groups"):
         StepTimeRegressor(**SMALL).fit(X, y, calibration_groups=np.zeros(3))
+
+
+def test_new_software_takes_the_domain_residuals_in_its_interval(two_domains, tmp_path):
+    X, y, groups, domain, _, _ = two_domains
+    X = X.assign(**{c: 0.0 for c in SOFTWARE_SIGNATURE})  # every training run: one stack, nothing overlapped
+    known = X.iloc[:20]
+    new = known.assign(tp_comm_overlap=1.0)  # a switch no training run had
+
+    def log_width(model, rows):
+        return np.diff(np.log(model.predict_interval(rows)), axis=1).ravel()
+
+    model = StepTimeRegressor(**SMALL).fit(X, y, groups=groups, domain_groups=domain)
+    assert model.software_signatures_ == [(0.0,) * len(SOFTWARE_SIGNATURE)]
+    assert (log_width(model, new) > log_width(model, known) + 1e-9).all()
+    np.testing.assert_allclose(log_width(model.set_params(ood_interval="cluster"), new), log_width(model, known))
+    model.set_params(ood_interval="domain")
+    meta = model._save_to(tmp_path)
+    np.testing.assert_array_equal(StepTimeRegressor._load_from(tmp_path, meta).predict_interval(new),
+                                  model.predict_interval(new))  # fmt: skip
+    old = StepTimeRegressor._load_from(tmp_path, {k: v for k, v in meta.items() if k != "software_signatures"})
+    np.testing.assert_allclose(log_width(old, new), log_width(model, known))  # no signatures: nothing is new

@@ -10,7 +10,7 @@ model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/t
 FFN/tp) tell launch-bound small GEMMs from compute-bound ones. A measured run may carry
 the MLPerf round of its software (:data:`RELEASE_COLUMN`), since the same step runs faster
 on newer software. The software columns
-(:data:`_SOFTWARE`) state what the training stack overlaps, not its name, so a framework
+(:data:`SOFTWARE_COLUMNS`) state what the training stack overlaps, not its name, so a framework
 no training run used still maps onto behaviour the model has seen.
 """
 
@@ -35,6 +35,7 @@ __all__ = [
     "RUN_FEATURE_SPEC",
     "RUN_FEATURE_SPEC_VERSION",
     "RunFeatureSpec",
+    "SOFTWARE_COLUMNS",
     "featurize_runs",
     "software_release",
 ]
@@ -62,7 +63,7 @@ _LAYOUT = (
     "dtype_bytes",
     "flash_attention",
 )
-_SOFTWARE = (
+SOFTWARE_COLUMNS = (
     "overlap_grad_reduce",
     "overlap_param_gather",
     "fsdp_prefetch",
@@ -121,7 +122,7 @@ class RunFeatureSpec:
 RELEASE_COLUMN = "software_release"
 """The MLPerf round whose software a run used, as ``major.minor`` (v4.1 -> 4.1); NaN when unknown."""
 RUN_FEATURE_SPEC = RunFeatureSpec(
-    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *_SOFTWARE, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
+    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *SOFTWARE_COLUMNS, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
 )
 COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
@@ -176,7 +177,7 @@ def _shared_rows(items: Sequence[tuple[object, ...]], build: Callable[..., dict[
 
 
 def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
-    """:data:`_SOFTWARE` of one layout: a switch counts where the layout has what it overlaps."""
+    """:data:`SOFTWARE_COLUMNS` of one layout: a switch counts where the layout has what it overlaps."""
     sharded = p.dp * p.cp > 1
     return (
         p.overlap_grad_reduce and sharded,
@@ -199,7 +200,7 @@ def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
                               p.finetune is Finetune.LORA, p.dtype.bytes_per_element, p.flash_attention,
                               *_software_switches(p))  # fmt: skip
     p_rows = [layouts[id(c.parallel)] for c in configs]
-    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in (*_LAYOUT, *_SOFTWARE)], dtype=float)
+    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in (*_LAYOUT, *SOFTWARE_COLUMNS)], dtype=float)
     model = _shared_rows([(c.model,) for c in configs], _model_columns)
     cluster = _shared_rows([(c.cluster, c.parallel.dtype) for c in configs], _cluster_columns)
     tp = lay["tp"].to_numpy()

@@ -71,8 +71,10 @@ domain_groups=...)`` (e.g. source, GPU type and round) also holds out each domai
 in turn (leave-one-group-out) and keeps those residuals (``domain_residuals_``, same
 score, weights and finite-sample rule). ``ood_interval`` picks the quantiles per row:
 ``"domain"`` (default) takes, per bound, the wider of the cluster-size and the domain
-quantiles for rows with ``d > 0`` or with no stated software release (below) and the
-cluster-size ones for the rest; ``"wider"`` does so for every row, stated releases
+quantiles for rows with ``d > 0``, with no stated software release (below) or with new
+software, a combination of the switches of :data:`SOFTWARE_SIGNATURE` (what the stack
+overlaps, its attention kernels) no training run had, and the cluster-size ones for the
+rest; ``"wider"`` does so for every row, stated releases
 included; ``"cluster"`` ignores the domain residuals.
 With fewer than 2 domain groups there are no domain residuals and every row uses the
 cluster-size ones.
@@ -121,6 +123,7 @@ from perfcast.features.run_features import (
     RELEASE_COLUMN,
     RUN_FEATURE_SPEC,
     RUN_FEATURE_SPEC_VERSION,
+    SOFTWARE_COLUMNS,
 )
 from perfcast.models.component_factors import COMPONENTS, ComponentFactors, component_shares, stack_labels
 from perfcast.models.intervals import check_coverage, straddle_zero, weighted_conformal_bounds
@@ -133,6 +136,7 @@ __all__ = [
     "OOD_CORRECTIONS",
     "OOD_INTERVALS",
     "SCALE_FEATURES",
+    "SOFTWARE_SIGNATURE",
     "StepTimeRegressor",
 ]
 
@@ -154,6 +158,17 @@ INTERVAL_LEVELS: tuple[str, ...] = ("pooled", "group_median", "group_median_in_d
 """How the quantile level of the interval is read: ``coverage`` itself on the pooled residuals; the
 level at which the median calibration group's held-out residuals are covered at ``coverage``; or that
 level for rows inside the training range (``d = 0``) and ``coverage`` for rows beyond it."""
+
+
+SOFTWARE_SIGNATURE = (*SOFTWARE_COLUMNS, "flash_attention")
+"""Run features that together say how a run's stack executes it (what it overlaps, its
+attention kernels): a combination no training run had is new software for the interval."""
+
+
+def _software(X: pd.DataFrame) -> np.ndarray:
+    """``(n, k)``: each row's :data:`SOFTWARE_SIGNATURE` columns present in ``X``, NaN as -1."""
+    cols = [c for c in SOFTWARE_SIGNATURE if c in X.columns]
+    return np.nan_to_num(X.loc[:, cols].to_numpy(dtype=float), nan=-1.0).round(6)
 
 
 def _ranges(data: np.ndarray) -> np.ndarray:
@@ -360,6 +375,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         self.feature_names_ = names
         releases = X[RELEASE_COLUMN].to_numpy(dtype=float) if RELEASE_COLUMN in names else np.empty(0)
         self.latest_release_ = float(np.nanmax(releases)) if np.isfinite(releases).any() else float("nan")
+        self.software_signatures_ = sorted(set(map(tuple, _software(X).tolist())))
         self.domain_features_ = tuple(names[i] for i in np.flatnonzero(check))
         self.feature_ranges_ = _ranges(data[:, check])
         self.factors_ = self._fit_factors(shares, stacks, target, weights)
@@ -512,6 +528,15 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         stacks, distance = stack_labels(X), self.extrapolation_distance(X)
         return self.factors_.scale_parts(breakdown, stacks, distance, self._shrunk_components())
 
+    def _new_software(self, X: pd.DataFrame) -> np.ndarray:
+        """Rows whose software switches (:data:`SOFTWARE_SIGNATURE`) match no training run's (none
+        for a model saved before it kept them)."""
+        known = getattr(self, "software_signatures_", None)
+        if not known:
+            return np.zeros(len(X), dtype=bool)
+        seen = {tuple(sig) for sig in known}
+        return np.array([tuple(row) not in seen for row in _software(X).tolist()], dtype=bool)
+
     def _unstated_release(self, X: pd.DataFrame) -> np.ndarray:
         """Rows that state no software release although the model learned from releases."""
         if RELEASE_COLUMN not in self.feature_names_ or np.isnan(self.latest_release_):
@@ -572,7 +597,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             if self.ood_interval == "wider":
                 rows = np.ones(len(distance), dtype=bool)
             else:
-                rows = (distance > 0) | self._unstated_release(X)
+                rows = (distance > 0) | self._unstated_release(X) | self._new_software(X)
             lo_q[rows], hi_q[rows] = np.minimum(lo_q[rows], d_lo), np.maximum(hi_q[rows], d_hi)
         return lo_q, hi_q
 
@@ -613,6 +638,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             "domain_features": list(self.domain_features_),
             "feature_ranges": [[None if np.isnan(v) else float(v) for v in row] for row in self.feature_ranges_],
             "latest_release": None if np.isnan(self.latest_release_) else self.latest_release_,
+            "software_signatures": [list(sig) for sig in getattr(self, "software_signatures_", [])],
             "mfu_ceiling": None if getattr(self, "mfu_ceiling_", None) is None else self.mfu_ceiling_.to_dict(),
             "factors": self.factors_.to_dict(),
             "booster_file": BOOSTER_FILE,
@@ -665,6 +691,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             model.feature_ranges_ = np.array(meta.get("feature_ranges", [[], []]), dtype=float).reshape(2, n)
             latest = meta.get("latest_release")
             model.latest_release_ = float("nan") if latest is None else float(latest)
+            # bundles saved before software signatures: none (no row counts as new software)
+            model.software_signatures_ = [tuple(map(float, sig)) for sig in meta.get("software_signatures", [])]
             # bundles saved before the physics floor: none (the predictor bounds MFU by 1)
             ceiling = meta.get("mfu_ceiling")
             model.mfu_ceiling_ = None if ceiling is None else MFUCeiling.from_dict(ceiling)
