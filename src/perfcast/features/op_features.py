@@ -175,7 +175,7 @@ for every element with 64-bit index arithmetic, so it is bound by instruction is
 bandwidth: over lookups of at least 2^20 elements, Vidur's fp16 lookups (kernel time) take a
 median 2.00 cycles per element on the A100-SXM4 and 1.70 on the A40 (0.15 and 0.49 of their
 bandwidth), NeuSight's fp32 embedding modules (launch included) 1.6-4.1 on eight GPUs
-(``benchmarks/op_gather_issue.py``, ``benchmarks/results/op_gather_issue.md``)."""
+(``benchmarks/op_issue_rate.py``, ``benchmarks/results/op_issue_rate.md``)."""
 
 
 @dataclass(frozen=True)
