@@ -534,8 +534,14 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         known = getattr(self, "software_signatures_", None)
         if not known:
             return np.zeros(len(X), dtype=bool)
+        rows = _software(X)
+        code = np.zeros(len(rows), dtype=np.int64)  # one mixed-radix code per distinct row
+        for column in rows.T:
+            values, distinct = pd.factorize(column)
+            code = code * len(distinct) + values
+        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
         seen = {tuple(sig) for sig in known}
-        return np.array([tuple(row) not in seen for row in _software(X).tolist()], dtype=bool)
+        return np.array([tuple(rows[i]) not in seen for i in first.tolist()], dtype=bool)[inverse.reshape(-1)]
 
     def _unstated_release(self, X: pd.DataFrame) -> np.ndarray:
         """Rows that state no software release although the model learned from releases."""
