@@ -75,6 +75,14 @@ SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """The model fields a row must give when it names no preset or config (the rest have defaults)."""
 DEFAULT_LORA_RANK = 16
 """Adapter rank of a ``finetune=lora`` row that states none (or 0)."""
+
+
+def filled_lora_rank(finetune: Any, lora_rank: Any) -> int | None:
+    """:data:`DEFAULT_LORA_RANK` for a LoRA run (``finetune`` a :class:`Finetune` or its text)
+    that states no ``lora_rank`` (or 0); None where the run's own rank stands."""
+    lora = str(getattr(finetune, "value", finetune) or "").strip().lower() == Finetune.LORA.value
+    return DEFAULT_LORA_RANK if lora and not lora_rank else None
+
 DEFAULTED_COLUMN = "defaulted_fields"
 """Run-table column naming, comma-separated, the inputs a default filled (readers' and the parser's)."""
 
@@ -243,9 +251,9 @@ class _RowParser:
             model = self._memo(("fields", *model_fields.items()), validate_spec, TransformerSpec, model_fields, "model")
 
         parallel_fields = _fields(cells, PARALLEL_FIELDS)
-        lora = str(parallel_fields.get("finetune", "")).strip().lower() == "lora"
-        if lora and not parallel_fields.get("lora_rank"):
-            parallel_fields["lora_rank"] = DEFAULT_LORA_RANK
+        filled = filled_lora_rank(parallel_fields.get("finetune"), parallel_fields.get("lora_rank"))
+        if filled is not None:
+            parallel_fields["lora_rank"] = filled
         parallel_fields.setdefault("global_batch", parallel_fields.get("dp", 1) * parallel_fields.get("micro_batch", 1))
         _fold_mxfp8_recipe(parallel_fields)
         parallel_fields.update(framework_fields(parallel_fields))
@@ -299,7 +307,7 @@ def defaulted_names(
         "dtype": True,
         "recompute": True,
         "flash_attention": True,
-        "lora_rank": p.finetune is Finetune.LORA and not cells.get("lora_rank"),
+        "lora_rank": filled_lora_rank(p.finetune, cells.get("lora_rank")) is not None,
         "document_tokens": p.finetune is not Finetune.FULL,
         "vpp": p.pp > 1,
         "sequence_parallel": p.tp > 1,

@@ -26,7 +26,7 @@ from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
 from perfcast.features.parallel import Finetune
-from perfcast.features.run_config import DEFAULT_LORA_RANK, DEFAULTED_COLUMN
+from perfcast.features.run_config import DEFAULTED_COLUMN, filled_lora_rank
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
 
@@ -110,7 +110,8 @@ def search_layouts(
         tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
     except ValueError:
         raise SpecError(f"finetune={finetune!r} unknown; allowed: {', '.join(f.value for f in Finetune)}") from None
-    rank = lora_rank or (DEFAULT_LORA_RANK if tune is Finetune.LORA else 0)
+    filled = filled_lora_rank(tune, lora_rank)
+    rank = lora_rank if filled is None else filled
     rows, n_layouts, n_oom = [], 0, 0
     for cluster in clusters.values():
         for layout in enumerate_layouts(spec, cluster, global_batch, space=space, dtype=dtype, finetune=tune,
@@ -126,7 +127,7 @@ def search_layouts(
                 continue
             fields = {name: getattr(layout, name) for name in _LAYOUT_FIELDS}
             fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
-            if rank != lora_rank:  # the default rank, named as a reader names what it filled
+            if filled is not None:  # the default rank, named as a reader names what it filled
                 fields[DEFAULTED_COLUMN] = "lora_rank"
             rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
