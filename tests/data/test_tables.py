@@ -15,6 +15,7 @@ from perfcast.data.tables import (
     RUN_COLUMNS,
     RUN_OUTPUT_COLUMNS,
     cell_holds_value,
+    distinct_rows,
     read_table,
     write_table,
 )
@@ -136,3 +137,12 @@ def test_json_tables_round_trip_with_empty_cells_as_null(tmp_path: Path, name: s
     with pytest.raises(DatasetError, match="cannot parse"):
         (tmp_path / name).write_text("{not json")
         read_table(tmp_path / name)
+
+
+def test_distinct_rows_index_each_row_into_the_first_occurrences():
+    inverse, first = distinct_rows([np.array(["a", "b", "a", "a"], dtype=object), np.array([1.0, 1.0, np.nan, 1.0])])
+    assert sorted(first.tolist()) == [0, 1, 2]  # ("a", 1), ("b", 1), ("a", NaN); row 3 repeats row 0
+    assert inverse[3] == inverse[0] and len(set(inverse[:3].tolist())) == 3
+    assert first[inverse].tolist() == [0, 1, 2, 0]
+    empty_inverse, empty_first = distinct_rows([np.array([]), np.array([])])
+    assert len(empty_inverse) == len(empty_first) == 0

@@ -28,7 +28,9 @@ import zlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from perfcast.errors import DatasetError
@@ -162,6 +164,19 @@ TEXT_FORMATS = ("csv", "json", "jsonl")
 objects, JSON Lines one row object per line; empty cells are ``null``."""
 STDOUT = "-"
 """The output name that means standard output."""
+
+
+def distinct_rows(columns: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(inverse, first)`` of the rows that equal-length ``columns`` form: each row's index into
+    the distinct rows, and the index of each distinct row's first occurrence (one hash pass per
+    column, then one mixed-radix code per row; NaN is a value like any other). The product of
+    the columns' distinct-value counts must fit an int64."""
+    code = np.zeros(len(columns[0]) if len(columns) else 0, dtype=np.int64)
+    for column in columns:
+        values, distinct = pd.factorize(np.asarray(column), use_na_sentinel=False)
+        code = code * max(len(distinct), 1) + values
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return inverse.reshape(-1), first
 
 
 def cell_holds_value(value: object) -> bool:

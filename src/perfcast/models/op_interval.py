@@ -40,11 +40,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, MutableMapping
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from perfcast.data.tables import distinct_rows
 from perfcast.features.ops import OpClass
 from perfcast.models.intervals import (
     central_levels,
@@ -201,9 +201,10 @@ def op_keys(feats: pd.DataFrame) -> np.ndarray:
     """The op key of each featurised row: ``"<op code>:<element bytes>"`` (vector rows carry an
     op code; the other classes key on the element size alone)."""
     code = feats["op_code"].to_numpy(dtype=float) if "op_code" in feats else np.full(len(feats), np.nan)
+    code = np.where(np.isnan(code), -1.0, code)
     elem = feats["elem_bytes"].to_numpy(dtype=float)
-    inverse, distinct = _factorize_pairs(np.where(np.isnan(code), -1.0, code), elem)
-    return np.array([f"{int(c)}:{e:g}" for c, e in distinct], dtype=object)[inverse]
+    inverse, first = distinct_rows([code, elem])
+    return np.array([f"{int(code[i])}:{elem[i]:g}" for i in first], dtype=object)[inverse]
 
 
 def key_gpus(keys: np.ndarray, gpus: np.ndarray) -> dict[str, tuple[str, ...]]:
@@ -215,19 +216,9 @@ def key_gpus(keys: np.ndarray, gpus: np.ndarray) -> dict[str, tuple[str, ...]]:
 def rare_rows(keys: np.ndarray, gpus: np.ndarray, ran: Mapping[str, tuple[str, ...]]) -> np.ndarray:
     """Boolean per query row: its GPU did not run its key, and fewer than :data:`RARE_OP_GPUS`
     training GPUs did (``ran``: :func:`key_gpus` of the training rows)."""
-    inverse, distinct = _factorize_pairs(np.asarray(keys, dtype=object), np.asarray(gpus, dtype=object))
-    rare = [len(ran.get(str(k), ())) < RARE_OP_GPUS and str(g) not in ran.get(str(k), ()) for k, g in distinct]
-    return np.array(rare, dtype=bool)[inverse]
-
-
-def _factorize_pairs(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, list[tuple[Any, Any]]]:
-    """``(inverse, distinct)``: the distinct ``(a, b)`` pairs and each row's index into them."""
-    a_codes, a_values = pd.factorize(a, use_na_sentinel=False)
-    b_codes, b_values = pd.factorize(b, use_na_sentinel=False)
-    n_b = max(len(b_values), 1)
-    combined, inverse = np.unique(a_codes * n_b + b_codes, return_inverse=True)
-    distinct = [(a_values[c // n_b], b_values[c % n_b]) for c in combined]
-    return inverse.reshape(-1), distinct
+    inverse, first = distinct_rows([keys, gpus])
+    runs = [(ran.get(str(keys[i]), ()), str(gpus[i])) for i in first]
+    return np.array([len(r) < RARE_OP_GPUS and g not in r for r, g in runs], dtype=bool)[inverse]
 
 
 def rare_op_residuals(

@@ -117,6 +117,7 @@ import pandas as pd
 from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from perfcast.data.tables import distinct_rows
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_features import (
     COMPOSED_STEP_COLUMN,
@@ -535,13 +536,9 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         if not known:
             return np.zeros(len(X), dtype=bool)
         rows = _software(X)
-        code = np.zeros(len(rows), dtype=np.int64)  # one mixed-radix code per distinct row
-        for column in rows.T:
-            values, distinct = pd.factorize(column)
-            code = code * len(distinct) + values
-        _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+        inverse, first = distinct_rows(list(rows.T))
         seen = {tuple(sig) for sig in known}
-        return np.array([tuple(rows[i]) not in seen for i in first.tolist()], dtype=bool)[inverse.reshape(-1)]
+        return np.array([tuple(rows[i].tolist()) not in seen for i in first], dtype=bool)[inverse]
 
     def _unstated_release(self, X: pd.DataFrame) -> np.ndarray:
         """Rows that state no software release although the model learned from releases."""
