@@ -55,7 +55,15 @@ import pandas as pd
 from perfcast.data.schema import DType, OpTiming, OpType
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.hardware import HardwareSpec, descriptor_figures
-from perfcast.features.ops import BINARY_OPS, OpClass, flag_column, op_classes, op_flops, op_memory_bytes
+from perfcast.features.ops import (
+    BINARY_OPS,
+    OpClass,
+    flag_column,
+    op_classes,
+    op_flops,
+    op_memory_bytes,
+    vector_elements,
+)
 from perfcast.features.roofline import MS_PER_S, roofline_s
 
 __all__ = [
@@ -413,9 +421,9 @@ def _gather_issue_ms(ops: pd.DataFrame, kinds: np.ndarray, hw_cols: Mapping[str,
     gather = (kinds == OpType.EMBEDDING.value) & (_flag(ops, "backward") == 0)
     out = np.zeros(len(kinds))
     if gather.any():
-        elems = _num(ops, "rows", 1.0) * _num(ops, "cols")
+        cycles_per_ms = hw_cols["sm"] * hw_cols["clock"] * 1e6 / MS_PER_S
         with np.errstate(invalid="ignore"):
-            issue = elems * GATHER_CYCLES_PER_ELEMENT / (hw_cols["sm"] * hw_cols["clock"] * 1e6) * MS_PER_S
+            issue = vector_elements(ops) * GATHER_CYCLES_PER_ELEMENT / cycles_per_ms
         out[gather] = np.nan_to_num(issue[gather], nan=0.0)
     return out
 

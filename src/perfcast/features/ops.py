@@ -162,6 +162,12 @@ def element_bytes(dtypes: pd.Series | np.ndarray, *, activations: bool) -> np.nd
     return sizes
 
 
+def vector_elements(ops: OpColumns) -> np.ndarray:
+    """``rows x cols`` of each row, the elements a vector op touches (``rows`` 1 and ``cols`` 0
+    where absent or empty)."""
+    return _col(ops, "rows", 1.0) * _col(ops, "cols")
+
+
 def op_flops(ops: OpColumns) -> np.ndarray:
     """Floating-point operations of each row (see the module docstring)."""
     kind = op_kinds(ops)
@@ -179,7 +185,7 @@ def op_flops(ops: OpColumns) -> np.ndarray:
         if len(kind)
         else np.array([], dtype=float)
     )
-    vector = per_elem * _col(ops, "rows", 1.0) * _col(ops, "cols") * np.where(backward, 2.0, 1.0)
+    vector = per_elem * vector_elements(ops) * np.where(backward, 2.0, 1.0)
 
     cls = op_classes(kind)
     return np.select(
@@ -208,7 +214,7 @@ def op_memory_bytes(ops: OpColumns) -> np.ndarray:
     kv = 2.0 * batch * kv_heads * skv * d
     attn = (qo + kv) * act * np.where(backward, 2.0, 1.0)
 
-    elems = _col(ops, "rows", 1.0) * _col(ops, "cols")
+    elems = vector_elements(ops)
     binary = np.isin(kind, [o.value for o in BINARY_OPS]) & ~flag_column(ops, "scalar")
     vector = elems * act * np.where(backward, 3.0, np.where(binary, 3.0, 2.0))
     vector = np.where(kind == OpType.SWIGLU.value, elems * act * np.where(backward, 5.0, 3.0), vector)
