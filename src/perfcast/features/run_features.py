@@ -10,7 +10,7 @@ model sizes and clusters. The GEMM-size columns (tokens per microbatch, hidden/t
 FFN/tp) tell launch-bound small GEMMs from compute-bound ones. A measured run may carry
 the MLPerf round of its software (:data:`RELEASE_COLUMN`), since the same step runs faster
 on newer software. The software columns
-(:data:`SOFTWARE_COLUMNS`) state what the training stack overlaps, not its name, so a framework
+(:data:`SOFTWARE_FEATURES`) state what the training stack overlaps, not its name, so a framework
 no training run used still maps onto behaviour the model has seen.
 """
 
@@ -35,7 +35,7 @@ __all__ = [
     "RUN_FEATURE_SPEC",
     "RUN_FEATURE_SPEC_VERSION",
     "RunFeatureSpec",
-    "SOFTWARE_COLUMNS",
+    "SOFTWARE_FEATURES",
     "featurize_runs",
     "software_release",
 ]
@@ -63,7 +63,7 @@ _LAYOUT = (
     "dtype_bytes",
     "flash_attention",
 )
-SOFTWARE_COLUMNS = (
+SOFTWARE_FEATURES = (
     "overlap_grad_reduce",
     "overlap_param_gather",
     "fsdp_prefetch",
@@ -71,7 +71,8 @@ SOFTWARE_COLUMNS = (
     "cuda_graphs",
     "torch_compile",
 )
-"""The framework switches of ``docs/frameworks.md``, each 1 only where the layout has its
+"""The run features of the framework switches of ``docs/frameworks.md`` (the run table's
+:data:`~perfcast.data.tables.SOFTWARE_SWITCH_COLUMNS`, in feature order), each 1 only where the layout has its
 mechanism (gradient sync: ``dp*cp > 1``; parameter gather: that and ZeRO-1/2; prefetch:
 that and ZeRO-3; TP overlap: ``tp > 1``), so a new framework maps onto known behaviour."""
 _UNLOGGED = {"log2_num_microbatches": "num_microbatches", "log2_global_batch": "global_batch"}
@@ -122,7 +123,7 @@ class RunFeatureSpec:
 RELEASE_COLUMN = "software_release"
 """The MLPerf round whose software a run used, as ``major.minor`` (v4.1 -> 4.1); NaN when unknown."""
 RUN_FEATURE_SPEC = RunFeatureSpec(
-    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *SOFTWARE_COLUMNS, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
+    RUN_FEATURE_SPEC_VERSION, (*_LAYOUT, *SOFTWARE_FEATURES, *_MODEL, *_CLUSTER, *_GEMM, *_COMPOSED, RELEASE_COLUMN)
 )
 COMPOSED_STEP_COLUMN = "log_composed_step_ms"
 """The feature holding ``log(composed step, ms)``: the base a step model's ratio multiplies."""
@@ -177,7 +178,7 @@ def _shared_rows(items: Sequence[tuple[object, ...]], build: Callable[..., dict[
 
 
 def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
-    """:data:`SOFTWARE_COLUMNS` of one layout: a switch counts where the layout has what it overlaps."""
+    """:data:`SOFTWARE_FEATURES` of one layout: a switch counts where the layout has what it overlaps."""
     sharded = p.dp * p.cp > 1
     return (
         p.overlap_grad_reduce and sharded,
@@ -200,7 +201,7 @@ def _config_columns(configs: Sequence[RunConfig]) -> pd.DataFrame:
                               p.finetune is Finetune.LORA, p.dtype.bytes_per_element, p.flash_attention,
                               *_software_switches(p))  # fmt: skip
     p_rows = [layouts[id(c.parallel)] for c in configs]
-    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in (*_LAYOUT, *SOFTWARE_COLUMNS)], dtype=float)
+    lay = pd.DataFrame(p_rows, columns=[_UNLOGGED.get(n, n) for n in (*_LAYOUT, *SOFTWARE_FEATURES)], dtype=float)
     model = _shared_rows([(c.model,) for c in configs], _model_columns)
     cluster = _shared_rows([(c.cluster, c.parallel.dtype) for c in configs], _cluster_columns)
     tp = lay["tp"].to_numpy()

@@ -124,7 +124,7 @@ from perfcast.features.run_features import (
     RELEASE_COLUMN,
     RUN_FEATURE_SPEC,
     RUN_FEATURE_SPEC_VERSION,
-    SOFTWARE_COLUMNS,
+    SOFTWARE_FEATURES,
 )
 from perfcast.models.component_factors import COMPONENTS, ComponentFactors, component_shares, stack_labels
 from perfcast.models.intervals import check_coverage, straddle_zero, weighted_conformal_bounds
@@ -161,7 +161,7 @@ level at which the median calibration group's held-out residuals are covered at 
 level for rows inside the training range (``d = 0``) and ``coverage`` for rows beyond it."""
 
 
-SOFTWARE_SIGNATURE = (*SOFTWARE_COLUMNS, "flash_attention")
+SOFTWARE_SIGNATURE = (*SOFTWARE_FEATURES, "flash_attention")
 """Run features that together say how a run's stack executes it (what it overlaps, its
 attention kernels): a combination no training run had is new software for the interval."""
 
