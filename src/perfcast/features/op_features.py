@@ -180,10 +180,8 @@ GATHER_CYCLES_PER_ELEMENT = 2.0
 
 PyTorch's embedding forward (``index_select``) computes a source and a destination offset
 for every element with 64-bit index arithmetic, so it is bound by instruction issue, not
-bandwidth: over lookups of at least 2^20 elements, Vidur's fp16 lookups (kernel time) take a
-median 2.00 cycles per element on the A100-SXM4 and 1.70 on the A40 (0.15 and 0.49 of their
-bandwidth), NeuSight's fp32 embedding modules (launch included) 1.6-4.1 on eight GPUs
-(``benchmarks/op_issue_rate.py``, ``benchmarks/results/op_issue_rate.md``)."""
+bandwidth, on every GPU with measured lookups; the per-GPU readings behind the value are in
+``benchmarks/results/op_issue_rate.md`` (``benchmarks/op_issue_rate.py``)."""
 
 
 @dataclass(frozen=True)
