@@ -15,6 +15,7 @@ from perfcast.data.readers.published_steps import (
     PACKED_DOCUMENT_TOKENS,
     PRESET_FILLS,
     PRESET_MODELS,
+    PRESET_STATED_COLUMNS,
     SOURCE_TABLES,
     read_published_steps,
     source_table,
@@ -49,8 +50,8 @@ ROWS = [
     "H100 80GB,8,8,21773.0,12040.0,277.0,0.31,measured: time per global step",
     # 3: a model shape the source does not state (no preset either)
     _AUTO + ",nemotron-3-nano,,,,,,,4096,,,1,1,8,1,8,1,4,512,,3,,,,bf16,H100 80GB,8,8,15614.0,,,,shape not stated",
-    # 4: TFLOP/s only, no time; a table SOURCE_TABLES does not list
-    "Some New Table (v2),c4,README.md,llama2-7b,32,4096,32,32,11008,32000,4096,,,1,1,8,1,,,4,32,,3,,,,bf16,"
+    # 4: TFLOP/s only, no time; a table SOURCE_TABLES does not list; a model that is not a preset
+    "Some New Table (v2),c4,README.md,acme-7b,32,4096,32,32,11008,32000,4096,,,1,1,8,1,,,4,32,,3,,,,bf16,"
     "H100 80GB,8,8,,,492.0,,only TFLOP/s",
     # 5: garbage in a number column -> rejected by the reader
     _TITAN + ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,x,1,8,1,,,2,16,,3,,,,bf16,H100 80GB,8,8,100.0,,,,bad tp",
@@ -105,7 +106,9 @@ def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
     assert pd.isna(rec["ep"].iloc[0]) and pd.isna(rec["vpp"].iloc[1]) and pd.isna(rec["lora_rank"]).all()
     assert pd.isna(rec["finetune"].iloc[0]) and rec["finetune"].iloc[2] == "sft"
     assert rec["sequence_parallel"].isna().all()
-    assert (rec["num_experts"].iloc[2], rec["top_k"].iloc[2], rec["ep"].iloc[2]) == (128, 8, 8)
+    # a row naming a preset leaves the columns the preset states to it; its layout stays
+    assert all(pd.isna(rec[c].iloc[2]) for c in PRESET_STATED_COLUMNS) and rec["ep"].iloc[2] == 8
+    assert rec["ffn_hidden_size"].iloc[4] == 11008  # not a preset: as given
     assert rec["model_name"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
 
 
@@ -140,10 +143,10 @@ def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:
 
 def test_fixture_model_names(tmp_path: Path) -> None:
     rec = read_published_steps(_write(tmp_path)).records
-    assert rec["model_name"].tolist() == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano", "llama2-7b"]
+    assert rec["model_name"].tolist() == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano", "acme-7b"]
     # presets stay; a non-preset name with its shape spelled out leaves ``model``; one without a shape keeps it
-    assert rec["model"].tolist()[:2] == ["gpt3-175b", "llama3.1-8b"] and rec["model"].iloc[4] == "llama2-7b"
-    assert pd.isna(rec["model"].iloc[2]) and rec["model"].iloc[3] == "nemotron-3-nano"
+    assert rec["model"].tolist()[:4] == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano"]
+    assert pd.isna(rec["model"].iloc[4])
 
 
 def test_fixture_through_the_record_checks(tmp_path: Path) -> None:
@@ -274,3 +277,48 @@ def test_real_file_non_preset_rows_parse() -> None:
     mpt = loaded.records[loaded.records["model_name"] == "mpt-7b"]
     config = parse_run_row(mpt.iloc[0].to_dict())
     assert config.model.num_layers == mpt["num_layers"].iloc[0]
+
+
+@pytest.mark.shared_data
+def test_real_rows_naming_a_preset_agree_with_it() -> None:
+    """What the file states of a preset-named row's shape is what the preset states: the required
+    columns equal, the columns left to the preset equal or the flat reading the file's notes give
+    (the routed experts' FFN as ``ffn_hidden_size``, latent attention's heads as ``num_kv_heads``)."""
+    from perfcast.features.model import TransformerSpec
+
+    raw = pd.read_csv(shared_file(REAL_NAME))
+    named = raw[raw["model"].isin(PRESET_MODELS) & raw["num_layers"].notna()]
+    assert named["model"].nunique() >= 15 and {"deepseek-v3", "gpt-oss-120b", "qwen3-30b-a3b"} <= set(named["model"])
+    for row in named.itertuples():
+        spec = TransformerSpec.from_name(row.model)
+        stated = {"num_layers": spec.num_layers, "hidden_size": spec.hidden_size, "num_heads": spec.num_heads}
+        assert {k: getattr(row, k) for k in stated} == stated, row.model
+        assert pd.isna(row.vocab_size) or row.vocab_size == spec.vocab_size, row.model
+        assert pd.isna(row.ffn_hidden_size) or row.ffn_hidden_size in (spec.ffn_size, spec.expert_ffn_size), row.model
+        assert pd.isna(row.num_kv_heads) or row.num_kv_heads == (spec.num_heads if spec.mla else spec.kv_heads)
+        assert pd.isna(row.num_experts) or (row.num_experts, row.top_k) == (spec.num_experts, spec.top_k), row.model
+
+
+@pytest.mark.shared_data
+def test_automodel_flop_counts_match_the_presets() -> None:
+    """NeMo AutoModel's FLOPs per token (its TFLOP/s over its tokens/s) against the presets' count with
+    causal attention (half the score and context FLOPs, as AutoModel counts them): the fine-grained MoE
+    presets (latent attention, shared experts, dense first layers, 128-wide Qwen3 heads) reproduce the
+    source's own count, which the file's flat shape columns do not."""
+    from perfcast.features.model import TransformerSpec
+
+    rec = read_published_steps(shared_file(REAL_NAME)).records
+    auto = rec[(rec["source"] == "published:nemo-automodel") & rec["model"].isin(PRESET_MODELS)]
+    auto = auto[auto["finetune"].isna()]
+    ratios = {}
+    for row in auto.itertuples():
+        spec, seq = TransformerSpec.from_name(row.model), int(row.seq_len)
+        attention = (spec.flops_per_token(seq) - spec.flops_per_token(1)) * seq / (seq - 1)
+        causal = spec.flops_per_token(seq) - attention / 2
+        ratios[row.model] = row.measured_tflops_per_gpu * 1e12 / row.measured_tokens_per_s_per_gpu / causal
+    assert {"deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "llama3-70b"} <= set(ratios)
+    for model in ("kimi-k2", "qwen3-30b-a3b", "llama3-70b"):
+        assert ratios[model] == pytest.approx(1.0, abs=0.01), model
+    assert ratios["deepseek-v3"] == pytest.approx(0.96, abs=0.01)  # 0.997 without the MTP module: see docs/readers.md
+    for model in ("gpt-oss-20b", "gpt-oss-120b"):  # windowed layers: AutoModel's count is not stated
+        assert 0.9 < ratios[model] < 1.0, model

@@ -1,7 +1,8 @@
 """Physics bounds of predicted steps: MFU ceiling, compute-at-peak floor, faster hardware not slower.
 
-The sweep covers every catalog GPU x a few presets and 8-GPU layouts, for the analytic
-predictor and the shipped default predictor (one batch each, so it stays fast).
+The sweep covers every catalog GPU x a few presets (dense and fine-grained MoE) and 8-GPU
+layouts, for the analytic predictor and the shipped default predictor (one batch each, so it
+stays fast).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from perfcast.errors import SpecError
 from perfcast.features.hardware import list_hardware
+from perfcast.features.model import TransformerSpec
 from perfcast.features.run_config import RunConfig, parse_run_row
 from perfcast.models.physics_bounds import (
     MFUCeiling,
@@ -27,8 +29,10 @@ from perfcast.models.physics_bounds import (
 from perfcast.models.step_predictor import StepPredictor
 from perfcast.serve.predictors import load_step_predictor
 
-PRESETS = ("gpt3-350m", "llama3-8b", "llama2-13b")
+PRESETS = ("gpt3-350m", "llama3-8b", "llama2-13b", "qwen3-30b-a3b")
 LAYOUTS = ({"tp": 1, "pp": 1, "dp": 8}, {"tp": 8, "pp": 1, "dp": 1}, {"tp": 2, "pp": 2, "dp": 2})
+MOE_LAYOUTS = ({"tp": 1, "pp": 1, "dp": 8, "ep": 8},)
+"""Expert-parallel layouts, swept for the MoE presets only."""
 TOL = 1e-9
 
 
@@ -38,7 +42,9 @@ def _configs() -> list[RunConfig]:
     Parts without a vector (fp32) peak in the catalog cannot be timed and are left out."""
     configs = []
     gpus = [g for g in list_hardware() if g.peak_fp32_tflops is not None]
-    for gpu, model, layout in itertools.product(gpus, PRESETS, LAYOUTS):
+    grid = [(m, lay) for m in PRESETS for lay in LAYOUTS]
+    grid += [(m, lay) for m in PRESETS if TransformerSpec.from_name(m).is_moe for lay in MOE_LAYOUTS]
+    for gpu, (model, layout) in itertools.product(gpus, grid):
         for dtype in ("bf16", "fp16"):
             row = {"model": model, **layout, "cp": 1, "micro_batch": 1, "global_batch": 32, "dtype": dtype,
                    "gpu": gpu.id, "num_gpus": 8, "gpus_per_node": 8, "recompute": "none"}  # fmt: skip
@@ -64,6 +70,8 @@ def test_sweep_covers_the_catalog(sweep) -> None:  # type: ignore[no-untyped-def
     gpus = {c.cluster.gpu.id for c in configs}
     assert {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200-hgx", "gb200-per-gpu", "mi300x"} <= gpus
     assert len(gpus) >= 20  # parts without a 16-bit or vector peak in the catalog cannot run these
+    moe = {c.cluster.gpu.id for c in configs if c.model.is_moe and c.parallel.ep == 8}
+    assert moe == gpus  # the fine-grained MoE preset, expert-parallel, on every GPU
 
 
 @pytest.mark.parametrize("name", ["analytic", "default"])
@@ -104,7 +112,10 @@ def test_faster_hardware_not_slower_beyond_the_interval(sweep, name: str) -> Non
     step = pred["step_ms"].to_numpy()
     # the analytic predictor has no interval: the faster GPU must not be slower at all
     hi = step if name == "analytic" else pred["step_hi_ms"].to_numpy()
-    key = [(c.model.num_layers, c.model.hidden_size, c.parallel.tp, c.parallel.pp, c.parallel.dp) for c in configs]
+    key = [
+        (c.model.num_layers, c.model.hidden_size, c.parallel.tp, c.parallel.pp, c.parallel.dp, c.parallel.ep)
+        for c in configs
+    ]
     by_key: dict[tuple, list[int]] = {}
     for i, k in enumerate(key):
         by_key.setdefault(k, []).append(i)

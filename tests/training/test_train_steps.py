@@ -10,6 +10,7 @@ import pytest
 from fixtures.analytic_step import analytic_step
 from fixtures.shared import shared_file
 
+from perfcast.features.run_config import parse_run_row
 from perfcast.models.analytic import AnalyticOpPredictor
 from perfcast.models.composer import StepComposer
 from perfcast.training.train_steps import (
@@ -172,11 +173,12 @@ def test_load_runs_keeps_published_tables_apart() -> None:
     assert set(runs.loc[runs["source"] == "published:torchtitan", "framework_group"]) == {"torchtitan"}
     mpt = runs[runs["model_name"] == "mpt-7b"]
     assert len(mpt) and mpt["model"].isna().all()
-    # spelled-out models whose MLPs are gated (SwiGLU) get gated_mlp, named as defaulted; MPT stays plain
-    gated = runs[runs["model_name"].isin(["qwen3-30b-a3b", "deepseek-v3", "qwen2.5-32b"])]
-    assert len(gated) and gated["gated_mlp"].eq(True).all()
-    assert gated["defaulted_fields"].str.contains("gated_mlp").all()
-    assert mpt["gated_mlp"].isna().all()
+    # fine-grained MoE models are read as their presets: latent attention, dense first layers, head size
+    moe = runs[runs["model_name"].isin(["qwen3-30b-a3b", "deepseek-v3", "gpt-oss-120b"])]
+    assert len(moe) == 4 and (moe["model"] == moe["model_name"]).all()
+    specs = {row["model"]: parse_run_row(row).model for row in moe.to_dict("records")}
+    assert specs["deepseek-v3"].mla is not None and specs["deepseek-v3"].first_dense_layers == 3
+    assert specs["qwen3-30b-a3b"].head_size == 128 and specs["gpt-oss-120b"].sliding_window == 128
 
 
 @pytest.mark.mlflow

@@ -31,7 +31,6 @@ import numpy as np
 import pandas as pd
 
 from perfcast._optional import require
-from perfcast.data.records import name_defaulted
 from perfcast.data.sources import read_source
 from perfcast.errors import SpecError
 from perfcast.features.model import TransformerSpec
@@ -83,14 +82,6 @@ Megatron-DeepSpeed, MLPerf's GPT-3 submissions run NVIDIA NeMo (Megatron-Core), 
 Hugging Face models in eager PyTorch on one GPU. Only a split label: the parser never reads it."""
 REQUIRED_MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Fields a run row needs to name its model without a preset."""
-GATED_MLP_MODELS: frozenset[str] = frozenset(
-    {"deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b", "qwen2.5-32b"}
-)
-"""Models that are not presets but that measured rows spell out, whose MLPs (experts
-included) are gated: SwiGLU with ``gate_proj``/``up_proj``/``down_proj`` in their Hugging Face
-``config.json`` (gpt-oss: a clamped SwiGLU). A row naming one with ``gated_mlp`` empty gets
-``gated_mlp = True`` (named in ``defaulted_fields``); left to the parser's plain-MLP default,
-their MLP FLOPs were counted two thirds of what they are."""
 ENCODER_DECODER_ARCHITECTURES: frozenset[str] = frozenset(
     {
         "SwitchTransformersForConditionalGeneration",
@@ -123,8 +114,7 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
     :mod:`perfcast.data.readers.mlperf`). Rows without a measured step time (MLPerf
     time-to-train only) are left out. A
     ``model`` name that is not a preset (NeuSight's ``bert_large``, ``gpt3_xl`` ...) moves
-    to ``model_name`` when the row spells out the model fields itself; a spelled-out model of
-    :data:`GATED_MLP_MODELS` with ``gated_mlp`` empty gets its gated MLP. Runs of
+    to ``model_name`` when the row spells out the model fields itself. Runs of
     :data:`ENCODER_DECODER_ARCHITECTURES` are left out, with a warning that counts them.
 
     Raises:
@@ -143,7 +133,6 @@ def load_runs(data_dir: str | Path, sources: Sequence[str] = tuple(RUN_FILES)) -
         stated = records["framework"] if "framework" in records else pd.Series(None, index=records.index)
         records = records.assign(framework_group=stated.where(stated.notna(), SOURCE_FRAMEWORKS.get(name, name)))
         records = _unname_unknown_models(records)
-        records = _fill_gated_mlp(records)
         records = _drop_encoder_decoders(records, name)
         frames.append(records[records["measured_step_ms"].notna() & records["timing_scope"].isin(TIMING_SCOPES)])
     return pd.concat(frames, ignore_index=True)
@@ -159,20 +148,6 @@ def _drop_encoder_decoders(records: pd.DataFrame, source: str) -> pd.DataFrame:
         logger.warning("left out %d %s runs of encoder-decoder models (%s): not a decoder-only stack",
                        int(seq2seq.sum()), source, names)  # fmt: skip
     return records[~seq2seq]
-
-
-def _fill_gated_mlp(records: pd.DataFrame) -> pd.DataFrame:
-    """``gated_mlp = True`` where a row names one of :data:`GATED_MLP_MODELS` and leaves it empty."""
-    if "model_name" not in records:
-        return records
-    stated = records["gated_mlp"] if "gated_mlp" in records else pd.Series(pd.NA, index=records.index, dtype=object)
-    fill = records["model_name"].isin(GATED_MLP_MODELS) & stated.isna()
-    if not fill.any():
-        return records
-    out = records.assign(gated_mlp=stated.astype(object).where(~fill, True))
-    before = out["defaulted_fields"] if "defaulted_fields" in out else pd.Series(pd.NA, index=out.index, dtype=object)
-    out["defaulted_fields"] = name_defaulted(before, fill.to_numpy(dtype=bool), "gated_mlp")
-    return out
 
 
 def _unname_unknown_models(records: pd.DataFrame) -> pd.DataFrame:

@@ -24,8 +24,11 @@ Mapping, one record per source row:
 * ``model_name``: the file's ``model`` text, always. ``model``: the same name when it is a
   perfcast preset (:data:`PRESET_MODELS`) or the row does not spell its shape
   (:data:`SHAPE_FIELDS`); empty for a name that is not a preset (``mpt-7b``,
-  ``qwen3-30b-a3b`` ...) on a row that gives the shape, because a run table's ``model``
-  must name a preset and the shape columns already describe the model.
+  ``nemotron4-340b`` ...) on a row that gives the shape, because a run table's ``model``
+  must name a preset and the shape columns already describe the model. A row naming a
+  preset leaves :data:`PRESET_STATED_COLUMNS` to it (empty here): the preset states the
+  architecture (dense and expert FFN widths, latent attention, head size, windowed layers)
+  that the file's flat columns cannot.
 * ``finetune``: as given (``sft`` = full-parameter supervised fine-tuning, ``lora``);
   empty for pre-training rows.
 * ``document_tokens``: the attention length of a fine-tuning dataset packed with
@@ -97,10 +100,22 @@ Only presets of perfcast's model catalog appear here (a test compares them)."""
 PRESET_MODELS: frozenset[str] = frozenset({
     "gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b",
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
-    "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-72b",
+    "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b",
+    "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
 })  # fmt: skip
 """Model names kept in ``model``: presets of perfcast's model catalog (a test checks each is one;
 written out because the data layer does not read the features catalogs)."""
+
+PRESET_STATED_COLUMNS: tuple[str, ...] = ("num_kv_heads", "ffn_hidden_size", "num_experts", "top_k")
+"""Shape columns left empty on a row that names a preset: the preset states them.
+
+The file flattens an architecture into one FFN width and one head count, and says in ``notes``
+what its cells then mean: the routed experts' FFN (DeepSeek-V3 and Kimi-K2, whose first
+layers are dense and 18432 wide; Qwen3-MoE), the attention heads of multi-head latent attention
+as ``num_kv_heads``. Copied into a run table, whose ``ffn_hidden_size`` is the dense FFN and
+whose fields override a preset's, they would replace what the preset states correctly. The
+required shape columns (layers, width, heads, vocabulary) stay; a test checks that every
+row's values agree with its preset's."""
 GPU_STAND_INS: dict[str, str] = {
     "H100 SXM 96GB HBM2e (500W, Grand Teton)": "h100-sxm5-80gb",
     "H100 SXM 95GB HBM2e (lower TDP)": "h100-sxm5-80gb",
@@ -293,6 +308,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     defaulted = name_defaulted(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
     defaulted = name_defaulted(defaulted, _packed_document_fills(out, text["notes"]), "document_tokens")
     out["model_name"] = out["model"]
+    out.loc[out["model"].isin(PRESET_MODELS), list(PRESET_STATED_COLUMNS)] = np.nan
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
     unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
     out.loc[spelled & unknown, "model"] = None
