@@ -141,6 +141,23 @@ def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:
         assert resolve_gpu_name(part) == part
 
 
+def test_fixture_expert_parallel_kernels_without_an_ep(tmp_path: Path) -> None:
+    """An MoE row listing DeepEP with ep 1 ran expert parallelism: ep = min(dp, experts), named as defaulted."""
+    row = (
+        _AUTO + ",gpt-oss-120b,36,2880,64,8,2880,201088,4096,{experts},4,1,1,64,1,{ep},1,2,512,,3,,,,bf16,"
+        "H100 80GB,64,8,4300.0,,,,{note}"
+    )
+    rows = [
+        row.format(experts=128, ep=1, note="kernels: TE + DeepEP"),  # -> 64
+        row.format(experts=128, ep=1, note="kernels: TE"),  # no expert-parallel kernels: as given
+        row.format(experts=128, ep=8, note="kernels: TE + DeepEP"),  # stated: as given
+        row.format(experts=96, ep=1, note="kernels: TE + DeepEP"),  # min(64, 96) does not divide 96: as given
+    ]
+    rec = read_published_steps(_write(tmp_path, rows)).records
+    assert rec["ep"].tolist() == [64, 1, 8, 1]
+    assert rec["defaulted_fields"].tolist() == ["ep", "", "", ""]
+
+
 def test_fixture_model_names(tmp_path: Path) -> None:
     rec = read_published_steps(_write(tmp_path)).records
     assert rec["model_name"].tolist() == ["gpt3-175b", "llama3.1-8b", "qwen3-30b-a3b", "nemotron-3-nano", "acme-7b"]
@@ -218,6 +235,9 @@ def test_real_file() -> None:
     assert stand_in.sum() == 33 and (rec.loc[stand_in, "gpu"] == "h100-sxm5-80gb").all()
     assert rec.loc[stand_in, "defaulted_fields"].str.endswith("gpu").all()
     assert rec["defaulted_fields"].str.contains("micro_batch").sum() == 5  # torchtitan 1F1B PP rows
+    expert_parallel = rec["defaulted_fields"].str.split(";").map(lambda names: "ep" in names)
+    assert rec.loc[expert_parallel, "model_name"].tolist() == ["gpt-oss-20b", "gpt-oss-120b"]
+    assert rec.loc[expert_parallel, "ep"].tolist() == [8, 64]
     packed = rec["document_tokens"].notna()
     assert set(rec.loc[packed, "finetune"]) == {"sft", "lora"} and packed.sum() == 6  # NeMo 24.07 on SQuAD
     assert rec.loc[packed, "defaulted_fields"].str.contains("document_tokens").all()

@@ -36,6 +36,9 @@ Mapping, one record per source row:
   :data:`PACKED_DOCUMENT_TOKENS` (NeMo 24.07's SQuAD runs, "packed to 4096 tokens"); named in
   ``defaulted_fields``, since no row states it. Empty elsewhere (attention over the whole
   sequence).
+* ``ep``: as given, except on MoE rows whose ``notes`` list expert-parallel kernels
+  (:data:`EXPERT_PARALLEL_KERNELS`) with ``ep`` 1, read as ``min(dp, num_experts)`` and named
+  in ``defaulted_fields`` (:func:`_expert_parallel_fills`).
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
 * ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
   is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
@@ -128,6 +131,18 @@ power limit below the 700 W part's; no datasheet states their memory bandwidth o
 part the catalog has (same GH100 SXM module, HBM3, 700 W) rather than dropped; the lower power
 limit and bandwidth are not modelled, so these runs may measure slower than the stand-in
 predicts. ``gpu`` is named in ``defaulted_fields``; ``device_name`` keeps the file's spelling."""
+
+EXPERT_PARALLEL_KERNELS = "DeepEP"
+"""Text of a row's ``notes`` naming the expert-parallel all-to-all kernels a run used.
+
+NeMo AutoModel's table lists DeepEP among the kernels of its gpt-oss runs but leaves their EP
+column empty ("-"), which the file reads as ``ep`` 1. Without expert parallelism FSDP2 would
+gather all of gpt-oss-120b's 117B bf16 weights across its 64 GPUs for every microbatch's forward
+and backward: each gather moves about 200 GB per GPU over 50 GB/s links, 4 s, and the step
+(four microbatches) measured 4.3 s in all. Those rows are read with ``ep = min(dp, num_experts)``
+(``dp`` for both gpt-oss rows, 8 and 64 GPUs), which is what the table states for its other DeepEP
+runs of up to 64 data-parallel ranks (Nemotron-3-Nano and Qwen3-30B-A3B: 8, Kimi-K2: 32,
+Nemotron-3-Super and DeepSeek-V3: 64); ``ep`` is named in ``defaulted_fields``."""
 
 PACKED_DOCUMENT_TOKENS: dict[str, int] = {"SQuAD-v1.1 packed": 128}
 """Text of a row's ``notes`` naming a packed fine-tuning dataset -> its attention length,
@@ -287,6 +302,23 @@ def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.nd
     return fill
 
 
+def _expert_parallel_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
+    """Set ``ep`` of MoE rows that run :data:`EXPERT_PARALLEL_KERNELS` with ``ep`` 1 (module
+    docstring) to ``min(dp, num_experts)`` where that divides both; True where set."""
+    num = {c: out[c].to_numpy(dtype=float, na_value=np.nan) for c in ("ep", "dp", "num_experts")}
+    ep = np.fmin(num["dp"], num["num_experts"])
+    with np.errstate(invalid="ignore"):
+        fill = (
+            notes.fillna("").str.contains(EXPERT_PARALLEL_KERNELS, regex=False).to_numpy(dtype=bool)
+            & (num["ep"] == 1)
+            & (num["num_experts"] > 1)
+            & (np.fmod(num["dp"], ep) == 0)
+            & (np.fmod(num["num_experts"], ep) == 0)
+        )
+    out.loc[fill, "ep"] = ep[fill]
+    return fill
+
+
 def _packed_document_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
     """Set ``document_tokens`` of rows whose notes name a :data:`PACKED_DOCUMENT_TOKENS` dataset;
     True where set."""
@@ -307,6 +339,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     frameworks = tables.map(lambda t: t[1])
     defaulted = name_defaulted(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
     defaulted = name_defaulted(defaulted, _packed_document_fills(out, text["notes"]), "document_tokens")
+    defaulted = name_defaulted(defaulted, _expert_parallel_fills(out, text["notes"]), "ep")
     out["model_name"] = out["model"]
     out.loc[out["model"].isin(PRESET_MODELS), list(PRESET_STATED_COLUMNS)] = np.nan
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
