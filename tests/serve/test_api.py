@@ -160,6 +160,13 @@ def test_search_ranks_layouts_and_names_bad_input() -> None:
     assert client.post("/v1/search", json={**body, "finetune": "qlora"}).status_code == 422
     misspelt = client.post("/v1/search", json={**body, "lora-rank": 8})  # not silently a full-training search
     assert misspelt.status_code == 422 and "lora-rank" in misspelt.text
+    titan = client.post("/v1/search", json={**body, "framework": "torchtitan"})
+    assert titan.status_code == 200, titan.text
+    assert {r["framework"] for r in titan.json()["layouts"]} == {"torchtitan"}
+    sharded = [r["zero_stage"] for r in titan.json()["layouts"] if r["dp"] > 1]
+    assert sharded and set(sharded) == {3}
+    jax = client.post("/v1/search", json={**body, "framework": "maxtext"})
+    assert jax.status_code == 422 and "JAX/XLA stack" in jax.json()["detail"]
 
 
 # ------------------------------------------------------------------ hardening

@@ -127,3 +127,38 @@ def test_layouts_tied_on_the_mfu_floor_rank_by_their_upper_bound() -> None:
     groups = ranked.groupby("step_ms", sort=False)["step_hi_ms"]
     assert (groups.size() > 1).any()  # the shipped default puts several layouts on the Hopper floor
     assert groups.apply(lambda hi: hi.is_monotonic_increasing).all()
+
+
+def test_a_stated_framework_fills_its_overlaps_and_tries_its_zero_stages() -> None:
+    """torchtitan: every data-parallel layout FSDP-sharded (ZeRO-3), its switches filled and named;
+    one replica has nothing to shard. An unknown or JAX framework is refused before any work."""
+    analytic = StepPredictor.analytic()
+    titan = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="titan").ranked
+    assert (titan["framework"] == "torchtitan").all()
+    sharded = titan["dp"] > 1
+    assert sharded.any() and (titan.loc[sharded, "zero_stage"] == 3).all()
+    assert (titan.loc[~sharded, "zero_stage"] == 0).all()
+    named = titan["defaulted_fields"].str.split(",")
+    assert named.map(lambda n: "framework" not in n).all()
+    assert named[sharded].map(lambda n: "fsdp_prefetch" in n and "overlap_grad_reduce" in n).all()
+    plain = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic).ranked
+    assert "framework" not in plain.columns and set(plain["zero_stage"]) == {0, 1}
+    assert plain["defaulted_fields"].str.split(",").map(lambda n: "framework" in n).all()
+    mcore = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="nemo").ranked
+    overlapped = mcore[(mcore["tp"] > 1) & mcore["sequence_parallel"]]
+    assert (mcore["framework"] == "megatron-core").all() and set(mcore["zero_stage"]) == {0, 1}
+    assert overlapped["defaulted_fields"].str.contains("tp_comm_overlap").all()
+    with pytest.raises(SpecError, match="framework='nope' is not a known framework; allowed: megatron-core"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="nope")
+    with pytest.raises(SpecError, match="JAX/XLA stack"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="maxtext")
+
+
+def test_cli_search_states_the_framework() -> None:
+    args = ["search", "gpt3-125m", "--gpu", "a100-sxm4-80gb", "--num-gpus", "4", "--global-batch", "16",
+            "--predictor", "analytic", "--top", "3", "--framework", "fsdp2"]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "global batch 16, pytorch-fsdp" in " ".join(result.output.split())
+    bad = CliRunner().invoke(app, [*args[:-1], "jax"])
+    assert bad.exit_code == 2 and "JAX/XLA stack" in bad.output

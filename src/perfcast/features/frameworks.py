@@ -135,6 +135,18 @@ _ZERO_STAGE = {
 """``zero_stage`` each framework ships for a data-parallel run (``dp * cp > 1``)."""
 
 
+SEARCH_ZERO_STAGES: dict[Framework, tuple[int, ...]] = {
+    Framework.MEGATRON_CORE: (0, 1),
+    Framework.MEGATRON_DEEPSPEED: (0, 1),
+    Framework.TORCHTITAN: (3,),
+    Framework.PYTORCH_FSDP: (3,),
+    Framework.DEEPSPEED: (0, 1, 2, 3),
+}
+"""The ZeRO stages a layout search tries for a data-parallel layout of each framework: Megatron's
+plain and distributed optimizer, FSDP's full sharding (torchtitan's FSDP2, Composer's and
+AutoModel's FULL_SHARD), DeepSpeed's four stages."""
+
+
 def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
     """The layout fields a framework fills: its defaults for the fields ``stated`` lacks.
 

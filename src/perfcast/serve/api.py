@@ -183,6 +183,10 @@ class SearchRequest(BaseModel):
     document_tokens: int | None = Field(
         None, ge=1, le=FIELD_MAX["document_tokens"], description="Attention length of packed documents"
     )
+    framework: str | None = Field(
+        None, max_length=64, description="Training framework (megatron-core, torchtitan, pytorch-fsdp ...): its "
+        "overlaps and ZeRO stages; none: nothing overlapped"
+    )
     price_per_gpu_hour: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD; ranks by cost per step")
     coverage: float = _Coverage
     calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate steps)")
@@ -417,7 +421,8 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
                 request.model, request.gpus, request.num_gpus, request.global_batch, predictor=predictor,
                 gpus_per_node=request.gpus_per_node, inter_node=request.inter_node, seq_len=request.seq_len,
                 dtype=DType.parse(request.dtype), finetune=request.finetune, lora_rank=request.lora_rank,
-                document_tokens=request.document_tokens, price_per_gpu_hour=request.price_per_gpu_hour,
+                document_tokens=request.document_tokens, framework=request.framework,
+                price_per_gpu_hour=request.price_per_gpu_hour,
                 coverage=request.coverage, model_source=model_source, max_layouts=limits.max_search_layouts,
             )  # fmt: skip
         except PerfcastError as exc:

@@ -112,7 +112,7 @@ def search(
         dtype: the training precision.
         options: the other keywords of :func:`perfcast.serve.search.search_layouts`
             (``gpus_per_node``, ``inter_node``, ``seq_len``, ``finetune``, ``lora_rank``,
-            ``document_tokens``, ``price_per_gpu_hour``, ``coverage``, ``max_layouts`` ...).
+            ``document_tokens``, ``framework``, ``price_per_gpu_hour``, ``coverage``, ``max_layouts`` ...).
 
     Returns:
         The ranked layouts, best first, with ``rank``; ``attrs`` holds ``n_layouts`` and

@@ -22,6 +22,7 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
+from perfcast.features.frameworks import SEARCH_ZERO_STAGES, Framework
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
@@ -59,6 +60,7 @@ def search_layouts(
     finetune: Finetune | str = Finetune.FULL,
     lora_rank: int = 0,
     document_tokens: int | None = None,
+    framework: str | None = None,
     space: LayoutSpace | None = None,
     price_per_gpu_hour: float | None = None,
     coverage: float = DEFAULT_COVERAGE,
@@ -79,6 +81,13 @@ def search_layouts(
         dtype, finetune, lora_rank, document_tokens: how every layout trains (run-table fields;
             ``finetune="lora"`` without a ``lora_rank`` takes the parser's default rank, named in
             each row's ``defaulted_fields``).
+        framework: the training framework (a spelling :meth:`~perfcast.features.frameworks.Framework.parse`
+            reads): every layout states it, so the parser fills its overlaps (named in
+            ``defaulted_fields``) and the step model applies its stack's factors; and without a
+            ``space``, the layouts try its ZeRO stages (:data:`~perfcast.features.frameworks.SEARCH_ZERO_STAGES`,
+            FSDP's 3 for torchtitan and pytorch-fsdp). None: no framework stated, layouts as
+            Megatron-DeepSpeed runs them (nothing overlapped), ZeRO 0 and 1.
+        space: the layout values tried (default :class:`~perfcast.features.layouts.LayoutSpace`).
         price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
         progress: called with the number of configs predicted.
         max_layouts: most layouts enumerated over all GPU types; a larger search is refused.
@@ -89,8 +98,8 @@ def search_layouts(
         ``usd_per_million_tokens`` with a price), plus ``rank``.
 
     Raises:
-        SpecError: an unknown model or GPU, a GPU without the dtype, a bad count, a price
-            that is not a positive finite number, more than ``max_layouts`` layouts, or no
+        SpecError: an unknown model, GPU or framework, a GPU without the dtype, a bad count, a
+            price that is not a positive finite number, more than ``max_layouts`` layouts, or no
             layout that fits in memory.
     """
     if not gpus:
@@ -110,6 +119,9 @@ def search_layouts(
         tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
     except ValueError:
         raise SpecError(f"finetune={finetune!r} unknown; allowed: {', '.join(f.value for f in Finetune)}") from None
+    stack = None if framework is None else Framework.parse(framework)
+    if space is None and stack is not None:
+        space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stack])
     filled = filled_lora_rank(tune, lora_rank)
     rank = lora_rank if filled is None else filled
     rows, n_layouts, n_oom = [], 0, 0
@@ -129,6 +141,8 @@ def search_layouts(
             fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
             if filled is not None:  # the default rank, named as a reader names what it filled
                 fields[DEFAULTED_COLUMN] = "lora_rank"
+            if stack is not None:
+                fields["framework"] = stack.value
             rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "inter_node": cluster.inter_node_fabric})  # fmt: skip

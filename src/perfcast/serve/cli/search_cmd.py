@@ -32,6 +32,10 @@ def search_command(
     document_tokens: int | None = typer.Option(
         None, "--document-tokens", min=1, help="Attention length of sequences packed from several documents."
     ),
+    framework: str | None = typer.Option(
+        None, "--framework", help="Training framework (megatron-core, torchtitan, pytorch-fsdp, megatron-deepspeed, "
+        "deepspeed; or nemo, fsdp2 ...): its overlaps and ZeRO stages. Default: none stated (nothing overlapped)."
+    ),
     price: float | None = typer.Option(None, "--price", help="USD per GPU-hour: rank by cost per step."),
     predictor: str | None = typer.Option(
         None, "--predictor", help="Step predictor: 'analytic', 'composed', a bundle or an MLflow URI (default shipped)."
@@ -67,7 +71,7 @@ def search_command(
             result = search_layouts(
                 model, gpu, num_gpus, global_batch, predictor=step_predictor, gpus_per_node=gpus_per_node,
                 inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), finetune=finetune,
-                lora_rank=lora_rank, document_tokens=document_tokens, price_per_gpu_hour=price,
+                lora_rank=lora_rank, document_tokens=document_tokens, framework=framework, price_per_gpu_hour=price,
                 progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
             )  # fmt: skip
     ranked = result.ranked
@@ -91,6 +95,7 @@ def search_command(
         training = "" if best["finetune"] == "full" else f", {best['finetune']}"
         training += f" rank {best['lora_rank']}" if best["finetune"] == "lora" else ""
         training += f", documents of {document_tokens} tokens" if document_tokens else ""
+        training += f", {best['framework']}" if "framework" in ranked.columns else ""
         title = f"best layouts of {model} on {num_gpus} GPUs, global batch {global_batch}{training}"
         table = Table(*columns, title=title)
         for row in ranked.head(top).to_dict("records"):
