@@ -184,7 +184,11 @@ def predictors(
 RUN_COLUMNS_SHOWN = ("source", "model_name", "num_layers", "hidden_size", "num_experts", "seq_len", "tp", "pp", "dp",
                      "cp", "ep", "micro_batch", "global_batch", "recompute", "finetune", "dtype", "num_gpus",
                      "framework_group", "defaulted_fields", "measured_step_ms")  # fmt: skip
-"""Run-table columns of the per-run leave-one-source-out file (``<out>_loso_runs.csv``)."""
+"""Run-table columns of the per-run leave-one-source-out file (``<out>_loso_runs.csv``); its model
+shape columns (:data:`PARSED_SHAPE`) are the parsed config's, a preset's where the row names one."""
+PARSED_SHAPE = ("num_layers", "hidden_size", "num_experts", "seq_len")
+"""Columns of the per-run file that show the parsed model's field of the same name
+(:class:`~perfcast.features.model.TransformerSpec`)."""
 SHIPPED = f"gbdt(scale={DEFAULT_CORRECTION_SCALE:g})"
 """Name of the shipped step model's variant (fitted with the default ``correction_scale``)."""
 RUN_PREDICTORS_SHOWN = (f"{SHIPPED}+bound", "composed", "mfu_fit")
@@ -205,6 +209,8 @@ def evaluate(
     rows = []
     per_run = runs.loc[:, [c for c in RUN_COLUMNS_SHOWN if c in runs]].copy()
     per_run.insert(1, "gpu", [c.cluster.gpu.id for c in table.configs])
+    for column in PARSED_SHAPE:
+        per_run[column] = [getattr(c.model, column) for c in table.configs]
     for split, train, tests in splits(table):
         test_all = np.logical_or.reduce(list(tests.values()))
         if not train.any() or not test_all.any():
