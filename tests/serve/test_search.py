@@ -130,13 +130,14 @@ def test_layouts_tied_on_the_mfu_floor_rank_by_their_upper_bound() -> None:
 
 
 def test_a_stated_framework_fills_its_overlaps_and_tries_its_zero_stages() -> None:
-    """torchtitan: every data-parallel layout FSDP-sharded (ZeRO-3), its switches filled and named;
-    one replica has nothing to shard. An unknown or JAX framework is refused before any work."""
+    """torchtitan: every layout with data or context parallelism FSDP-sharded (ZeRO-3), its switches
+    filled and named; one rank per model shard has nothing to shard. An unknown or JAX framework is
+    refused before any work."""
     analytic = StepPredictor.analytic()
     titan = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="titan").ranked
     assert (titan["framework"] == "torchtitan").all()
-    sharded = titan["dp"] > 1
-    assert sharded.any() and (titan.loc[sharded, "zero_stage"] == 3).all()
+    sharded = titan["dp"] * titan["cp"] > 1
+    assert (titan["cp"] > 1).any() and sharded.any() and (titan.loc[sharded, "zero_stage"] == 3).all()
     assert (titan.loc[~sharded, "zero_stage"] == 0).all()
     named = titan["defaulted_fields"].str.split(",")
     assert named.map(lambda n: "framework" not in n).all()

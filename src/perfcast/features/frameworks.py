@@ -142,9 +142,9 @@ SEARCH_ZERO_STAGES: dict[Framework, tuple[int, ...]] = {
     Framework.PYTORCH_FSDP: (3,),
     Framework.DEEPSPEED: (0, 1, 2, 3),
 }
-"""The ZeRO stages a layout search tries for a data-parallel layout of each framework: Megatron's
-plain and distributed optimizer, FSDP's full sharding (torchtitan's FSDP2, Composer's and
-AutoModel's FULL_SHARD), DeepSpeed's four stages."""
+"""The ZeRO stages a layout search tries per framework where there is something to shard
+(``dp * cp > 1``): Megatron's plain and distributed optimizer, FSDP's full sharding (torchtitan's
+FSDP2, Composer's and AutoModel's FULL_SHARD), DeepSpeed's four stages."""
 
 
 def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:

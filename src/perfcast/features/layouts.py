@@ -128,7 +128,7 @@ def _layouts_at(
     """The layouts at one (tp, pp, cp, dp); the first refused layout's reason goes to an empty ``refusals``."""
     eps = _powers_of_two_dividing(dp * cp, model.num_experts) if model.is_moe else [1]
     vpps = sorted({v for v in space.vpp if v == 1 or pp > 1})
-    zeros = sorted({z if dp > 1 else 0 for z in space.zero_stages})  # nothing to shard on one replica
+    zeros = sorted({z if dp * cp > 1 else 0 for z in space.zero_stages})  # ZeRO shards over dp*cp ranks
     grid = itertools.product(eps, sorted(set(space.micro_batches)), vpps, space.recompute, zeros)
     for ep, mb, vpp, recompute, zero in grid:
         if global_batch % (dp * mb):
