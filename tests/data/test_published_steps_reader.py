@@ -142,7 +142,8 @@ def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:
 
 
 def test_fixture_expert_parallel_kernels_without_an_ep(tmp_path: Path) -> None:
-    """An MoE row listing DeepEP with ep 1 ran expert parallelism: ep = min(dp, experts), named as defaulted."""
+    """An MoE row listing DeepEP with ep 1 ran expert parallelism: the largest ep dividing dp * cp and the
+    experts, named as defaulted."""
     row = (
         _AUTO + ",gpt-oss-120b,36,2880,64,8,2880,201088,4096,{experts},4,1,1,64,1,{ep},1,2,512,,3,,,,bf16,"
         "H100 80GB,64,8,4300.0,,,,{note}"
@@ -151,11 +152,13 @@ def test_fixture_expert_parallel_kernels_without_an_ep(tmp_path: Path) -> None:
         row.format(experts=128, ep=1, note="kernels: TE + DeepEP"),  # -> 64
         row.format(experts=128, ep=1, note="kernels: TE"),  # no expert-parallel kernels: as given
         row.format(experts=128, ep=8, note="kernels: TE + DeepEP"),  # stated: as given
-        row.format(experts=96, ep=1, note="kernels: TE + DeepEP"),  # min(64, 96) does not divide 96: as given
+        row.format(experts=96, ep=1, note="kernels: TE + DeepEP"),  # 32 divides both 64 and 96
+        row.format(experts=63, ep=1, note="kernels: TE + DeepEP"),  # nothing above 1 divides 64 and 63
+        row.format(experts="", ep=1, note="kernels: TE + DeepEP"),  # experts not stated: as given
     ]
     rec = read_published_steps(_write(tmp_path, rows)).records
-    assert rec["ep"].tolist() == [64, 1, 8, 1]
-    assert rec["defaulted_fields"].tolist() == ["ep", "", "", ""]
+    assert rec["ep"].tolist() == [64, 1, 8, 32, 1, 1]
+    assert rec["defaulted_fields"].tolist() == ["ep", "", "", "ep", "", ""]
 
 
 def test_fixture_model_names(tmp_path: Path) -> None:
@@ -201,9 +204,10 @@ def test_preset_fills_match_the_presets(model: str) -> None:
         assert preset[field] == value, field
 
 
-@pytest.mark.parametrize("model", sorted(PRESET_MODELS))
-def test_preset_models_are_presets(model: str) -> None:
-    assert resources.files("perfcast.features.catalog.models").joinpath(f"{model}.json").is_file()
+def test_preset_models_are_the_presets() -> None:
+    from perfcast.features.model_presets import list_models
+
+    assert sorted(PRESET_MODELS) == list_models()
 
 
 @pytest.mark.shared_data

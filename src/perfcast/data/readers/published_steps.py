@@ -9,7 +9,8 @@ columns; this reader keeps them as given and adds what the run records need.
 Mapping, one record per source row:
 
 * Run-table columns (``num_layers`` .. ``gpus_per_node``), ``num_experts``, ``top_k``
-  and ``notes``: as given. Empty cells stay empty (NaN): nothing unstated is
+  and ``notes``: as given, except :data:`PRESET_STATED_COLUMNS` on a row that names a preset
+  and ``ep`` on some MoE rows (both below). Empty cells stay empty (NaN): nothing unstated is
   invented. The one exception is a field the run records require
   (:data:`~perfcast.data.schema.RUN_RECORD_REQUIRED`) that the row leaves empty while its
   ``model`` names a perfcast preset: the preset's value fills it (:data:`PRESET_FILLS`,
@@ -37,8 +38,8 @@ Mapping, one record per source row:
   ``defaulted_fields``, since no row states it. Empty elsewhere (attention over the whole
   sequence).
 * ``ep``: as given, except on MoE rows whose ``notes`` list expert-parallel kernels
-  (:data:`EXPERT_PARALLEL_KERNELS`) with ``ep`` 1, read as ``min(dp, num_experts)`` and named
-  in ``defaulted_fields`` (:func:`_expert_parallel_fills`).
+  (:data:`EXPERT_PARALLEL_KERNELS`) with ``ep`` 1, read as the largest size dividing both
+  ``dp * cp`` and ``num_experts`` and named in ``defaulted_fields`` (:func:`_expert_parallel_fills`).
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
 * ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
   is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
@@ -104,10 +105,10 @@ PRESET_MODELS: frozenset[str] = frozenset({
     "gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt3-175b",
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3.1-8b", "llama3.1-70b",
     "llama3.1-405b", "mixtral-8x7b", "mixtral-8x22b", "qwen2.5-7b", "qwen2.5-32b", "qwen2.5-72b",
-    "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "gpt-oss-20b", "gpt-oss-120b",
+    "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b",
 })  # fmt: skip
-"""Model names kept in ``model``: presets of perfcast's model catalog (a test checks each is one;
-written out because the data layer does not read the features catalogs)."""
+"""Model names kept in ``model``: the presets of perfcast's model catalog (a test checks they are
+the same set; written out because the data layer does not read the features catalogs)."""
 
 PRESET_STATED_COLUMNS: tuple[str, ...] = ("num_kv_heads", "ffn_hidden_size", "num_experts", "top_k")
 """Shape columns left empty on a row that names a preset: the preset states them.
@@ -139,10 +140,13 @@ NeMo AutoModel's table lists DeepEP among the kernels of its gpt-oss runs but le
 column empty ("-"), which the file reads as ``ep`` 1. Without expert parallelism FSDP2 would
 gather all of gpt-oss-120b's 117B bf16 weights across its 64 GPUs for every microbatch's forward
 and backward: each gather moves about 200 GB per GPU over 50 GB/s links, 4 s, and the step
-(four microbatches) measured 4.3 s in all. Those rows are read with ``ep = min(dp, num_experts)``
-(``dp`` for both gpt-oss rows, 8 and 64 GPUs), which is what the table states for its other DeepEP
-runs of up to 64 data-parallel ranks (Nemotron-3-Nano and Qwen3-30B-A3B: 8, Kimi-K2: 32,
-Nemotron-3-Super and DeepSeek-V3: 64); ``ep`` is named in ``defaulted_fields``."""
+(four microbatches) measured 4.3 s in all. Those rows are read with ``ep`` the largest size that
+divides both ``dp * cp`` and ``num_experts`` (``dp`` for both gpt-oss rows, 8 and 64 GPUs), which
+is what the table states for its other DeepEP runs of up to 64 data-parallel ranks
+(Nemotron-3-Nano and Qwen3-30B-A3B: 8, Kimi-K2: 32, Nemotron-3-Super and DeepSeek-V3: 64); ``ep``
+is named in ``defaulted_fields``. The rows' ``notes`` still say "EP '-' in source (not used) ->
+ep=1": they are the file's reading, kept as given. For gpt-oss-20b (8 GPUs, 42 GB of weights
+gathered over NVLink) the argument is weaker; it is read by the same rule."""
 
 PACKED_DOCUMENT_TOKENS: dict[str, int] = {"SQuAD-v1.1 packed": 128}
 """Text of a row's ``notes`` naming a packed fine-tuning dataset -> its attention length,
@@ -304,17 +308,18 @@ def _pipeline_microbatch_fills(out: pd.DataFrame, framework: pd.Series) -> np.nd
 
 def _expert_parallel_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
     """Set ``ep`` of MoE rows that run :data:`EXPERT_PARALLEL_KERNELS` with ``ep`` 1 (module
-    docstring) to ``min(dp, num_experts)`` where that divides both; True where set."""
-    num = {c: out[c].to_numpy(dtype=float, na_value=np.nan) for c in ("ep", "dp", "num_experts")}
-    ep = np.fmin(num["dp"], num["num_experts"])
-    with np.errstate(invalid="ignore"):
-        fill = (
-            notes.fillna("").str.contains(EXPERT_PARALLEL_KERNELS, regex=False).to_numpy(dtype=bool)
-            & (num["ep"] == 1)
-            & (num["num_experts"] > 1)
-            & (np.fmod(num["dp"], ep) == 0)
-            & (np.fmod(num["num_experts"], ep) == 0)
-        )
+    docstring) to the largest size that divides both ``dp * cp`` (the ranks experts spread over)
+    and ``num_experts``; True where set. Rows that leave ``num_experts`` empty stay as given."""
+    num = {c: out[c].to_numpy(dtype=float, na_value=np.nan) for c in ("ep", "dp", "cp", "num_experts")}
+    ranks = num["dp"] * np.where(np.isnan(num["cp"]), 1.0, num["cp"])
+    known = np.isfinite(ranks) & np.isfinite(num["num_experts"])
+    ep = np.ones(len(out))
+    ep[known] = np.gcd(ranks[known].astype(np.int64), num["num_experts"][known].astype(np.int64))
+    fill = (
+        notes.fillna("").str.contains(EXPERT_PARALLEL_KERNELS, regex=False).to_numpy(dtype=bool)
+        & (num["ep"] == 1)
+        & (ep > 1)
+    )
     out.loc[fill, "ep"] = ep[fill]
     return fill
 
