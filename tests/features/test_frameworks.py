@@ -113,6 +113,37 @@ def test_tp_comm_overlap_hides_tp_collectives_behind_their_gemms():
     assert after.step_ms < before.step_ms and layer.any()
 
 
+def test_ep_comm_overlap_hides_expert_all_to_alls_behind_the_expert_gemms():
+    """Mixtral on 16 H100s, 8-way expert parallel: dispatch and combine point at the expert GEMMs beside
+    them (backward: their wgrad, or dgrad under LoRA), hide at most those GEMMs' time, and leave the
+    compute alone; off by default, and named as defaulted where there is expert parallelism."""
+    moe = {"model": "mixtral-8x7b", "gpu": "h100-sxm5-80gb", "dp": 16, "ep": 8, "micro_batch": 1,
+           "global_batch": 32, "recompute": "full"}  # fmt: skip
+    off = parse_run_row(moe)
+    assert not off.parallel.ep_comm_overlap and "ep_comm_overlap" in off.defaulted
+    assert "ep_comm_overlap" not in parse_run_row({**moe, "ep": 1}).defaulted
+    on = parse_run_row({**moe, "ep_comm_overlap": True})
+    graph = build_workload_graph(on.model, on.parallel, on.cluster)
+    nodes = graph.nodes
+    ep = nodes[(nodes["group"] == "ep") & (nodes["overlap_with"] >= 0)]
+    partner = nodes.set_index("node").loc[ep["overlap_with"].to_numpy(), "name"].to_numpy()
+    pairs = dict(zip(ep["name"], partner, strict=True))
+    assert pairs["moe.dispatch"] == "moe.up" and pairs["moe.combine"] == "moe.down"
+    assert pairs["moe.dispatch.bwd"] == "moe.up.wgrad" and pairs["moe.combine.recompute"] == "moe.down.recompute"
+    lora = parse_run_row({**moe, "ep_comm_overlap": True, "finetune": "lora"})
+    lora_nodes = build_workload_graph(lora.model, lora.parallel, lora.cluster).nodes.set_index("node")
+    bwd = lora_nodes[lora_nodes["name"] == "moe.combine.bwd"]["overlap_with"].iloc[0]
+    assert lora_nodes.loc[bwd, "name"] == "moe.down.dgrad"  # frozen experts: no wgrad to hide behind
+    before, after = _step(off), _step(on)
+    assert 0 <= after.comm_ms["ep"] < before.comm_ms["ep"]
+    assert after.compute_ms == pytest.approx(before.compute_ms) and after.step_ms < before.step_ms
+    times = AnalyticOpPredictor().predict_ops(nodes.assign(gpu=on.cluster.gpu.id))[0]
+    by_node = dict(zip(nodes["node"], times, strict=True))
+    hidden = sum(min(by_node[n], by_node[o]) for n, o in zip(ep["node"], ep["overlap_with"], strict=True))
+    m, layers = graph.num_microbatches, graph.moe_layers_per_stage
+    assert after.comm_ms["ep"] == pytest.approx(before.comm_ms["ep"] - m * layers * hidden, rel=1e-9)
+
+
 def test_fsdp_prefetch_hides_zero3_gathers_except_the_first_layers():
     off = parse_run_row({**RUN, "zero_stage": 3})
     on = replace(off, parallel=off.parallel.model_copy(update={"fsdp_prefetch": True}))

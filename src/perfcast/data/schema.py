@@ -255,7 +255,7 @@ RUN_INT_COLUMNS = (
 RUN_BOOL_COLUMNS = (
     "sequence_parallel", "gated_mlp", "tied_embeddings", "flash_attention", "overlap_grad_reduce",
     "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "tp_comm_overlap",
-    "overlap_param_gather", "fsdp_prefetch", "cuda_graphs", "torch_compile",
+    "overlap_param_gather", "fsdp_prefetch", "ep_comm_overlap", "cuda_graphs", "torch_compile",
 )  # fmt: skip
 RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""

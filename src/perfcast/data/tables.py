@@ -113,7 +113,8 @@ PIPELINE_SPLIT_COLUMNS: tuple[str, ...] = (
 """Optional run-table inputs setting how layers split over pipeline stages (Megatron-Core's switches)."""
 
 SOFTWARE_SWITCH_COLUMNS: tuple[str, ...] = (
-    "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "cuda_graphs", "torch_compile",
+    "tp_comm_overlap", "overlap_grad_reduce", "overlap_param_gather", "fsdp_prefetch", "ep_comm_overlap", "cuda_graphs",
+    "torch_compile",
 )  # fmt: skip
 """Optional boolean run-table inputs saying what the training framework overlaps or fuses;
 unstated ones take the ``framework``'s shipped defaults (``docs/frameworks.md``)."""

@@ -158,8 +158,9 @@ def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
     Returns:
         The absent ones of ``zero_stage`` (only for ``dp * cp > 1``) and the switches
         ``tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, fsdp_prefetch,
-        cuda_graphs, torch_compile``, with the framework's values. ``tp_comm_overlap`` is
-        on only where it can run (``tp > 1`` with ``sequence_parallel``).
+        ep_comm_overlap, cuda_graphs, torch_compile``, with the framework's values.
+        ``tp_comm_overlap`` is on only where it can run (``tp > 1`` with ``sequence_parallel``);
+        ``ep_comm_overlap`` is off for every framework (opt-in in Megatron-Core).
     """
     framework = Framework.parse(stated.get("framework", DEFAULT_FRAMEWORK))
     tp, dp_cp = int(stated.get("tp", 1)), int(stated.get("dp", 1)) * int(stated.get("cp", 1))
@@ -177,6 +178,7 @@ def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
         "overlap_grad_reduce": mcore or fsdp or (deepspeed and zero == 3),
         "overlap_param_gather": mcore,
         "fsdp_prefetch": mcore or fsdp or deepspeed,
+        "ep_comm_overlap": False,
         "cuda_graphs": False,
         "torch_compile": framework is Framework.TORCHTITAN,
     }

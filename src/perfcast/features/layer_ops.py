@@ -39,7 +39,14 @@ collective overlaps in forward: an all-gather the column-parallel GEMM it feeds,
 the row-parallel GEMM it follows. In backward the conjugate of an all-gather (the reduce-scatter
 of the dgrad output) overlaps that GEMM's wgrad (its dgrad where the weight is frozen), the
 conjugate of a reduce-scatter its dgrad; a replay under recomputation overlaps the replayed
-GEMM. The MoE block, the LM head and the embedding keep their collectives exposed."""
+GEMM. The LM head and the embedding keep their collectives exposed; the MoE block's, but for
+:data:`EP_OVERLAP_GEMMS`."""
+EP_OVERLAP_GEMMS = {"moe.dispatch": "moe.up", "moe.combine": "moe.down"}
+"""Under ``ep_comm_overlap``, the expert GEMM each expert all-to-all of an MoE layer overlaps: the
+schemes that hide it (Megatron-Core's ``overlap_moe_expert_parallel_comm``, DeepSeek's DualPipe)
+run one microbatch's all-to-all beside another microbatch's compute, and the expert GEMM of the
+same layer stands for that compute. Backward as :data:`TP_OVERLAP_GEMMS`: the all-to-all beside
+its GEMM's wgrad (dgrad where the weights are frozen). The ``etp`` gather and scatter stay exposed."""
 
 
 def add_layer_forward(
@@ -120,7 +127,7 @@ def add_layer_forward(
     b.add("mlp.residual", scope, Phase.FORWARD, OpType.ADD, rows=ctx.vec_rows, cols=h)
     ids = list(range(first, len(b.rows)))
     if p.tp_comm_overlap and ctx.sp:
-        _overlap_tp_forward(b, ids)
+        _point_at_gemms(b, ids, TP_OVERLAP_GEMMS)
     return ids
 
 
@@ -221,8 +228,9 @@ def _add_experts(
     With ``etp == tp`` the experts take the layer's ``t`` tokens and split their GEMMs
     over the tp ranks. Otherwise each rank routes its ``t/tp`` share; with ``etp > 1`` the
     dispatched tokens are all-gathered over the etp ranks before the expert GEMMs (split
-    ``etp`` ways) and reduce-scattered after (timed in the ``ep`` group). Shared experts run
-    on all ``t`` tokens, split over tp. The rank's token copies (``top_k`` per routed token) are
+    ``etp`` ways) and reduce-scattered after (timed in the ``ep`` group); under ``ep_comm_overlap``
+    the dispatch and combine name the expert GEMM they overlap (:data:`EP_OVERLAP_GEMMS`). Shared
+    experts run on all ``t`` tokens, split over tp. The rank's token copies (``top_k`` per routed token) are
     permuted into expert order before the dispatch and weighted back into token order after the
     combine (``moe.permute``, ``moe.unpermute``, as Megatron-Core's token permutation does):
     memory-bound copies, each timed as a tensor-scalar multiply over the copies (one read and
@@ -238,6 +246,7 @@ def _add_experts(
     per_expert = -(-routed // local)
     f = model.expert_ffn_size // p.etp
     placement = group_placement(p, gpus_per_node)
+    first = len(b.rows)
 
     def exchange(name: str, op: OpType, ranks: int, key: str, size: int) -> None:
         """Token exchange among expert ranks (dispatch, combine, etp gather/scatter): ``size`` token copies."""
@@ -270,13 +279,15 @@ def _add_experts(
         exchange("moe.etp_scatter", OpType.REDUCESCATTER, p.etp, EXPERT_TP, routed)
     exchange("moe.combine", OpType.ALLTOALL, p.ep, Group.EP, sent)
     b.add("moe.unpermute", scope, Phase.FORWARD, OpType.MUL, rows=sent, cols=h, scalar=True)
+    if p.ep_comm_overlap:
+        _point_at_gemms(b, list(range(first, len(b.rows))), EP_OVERLAP_GEMMS)
 
 
-def _overlap_tp_forward(b: NodeBuilder, ids: list[int]) -> None:
-    """Point the tensor-parallel collectives among nodes ``ids`` at the GEMMs they overlap
-    (:data:`TP_OVERLAP_GEMMS`)."""
+def _point_at_gemms(b: NodeBuilder, ids: list[int], partners: dict[str, str]) -> None:
+    """Point the collectives among nodes ``ids`` at the GEMMs they overlap (``partners``:
+    :data:`TP_OVERLAP_GEMMS` or :data:`EP_OVERLAP_GEMMS`)."""
     by_name = {b.rows[i]["name"]: i for i in ids}
-    for collective, gemm in TP_OVERLAP_GEMMS.items():
+    for collective, gemm in partners.items():
         if collective in by_name and gemm in by_name:
             b.rows[by_name[collective]]["overlap_with"] = by_name[gemm]
 

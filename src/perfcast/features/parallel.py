@@ -88,7 +88,10 @@ class ParallelConfig(BaseModel):
     torchtitan async TP; needs ``sequence_parallel`` when ``tp > 1``).
     ``overlap_param_gather`` hides the ZeRO-1/2 parameter all-gather behind the next
     forward; ``fsdp_prefetch`` hides ZeRO-3's per-layer weight gathers behind the previous
-    layer's compute; ``cuda_graphs`` removes the host dispatch floor; ``torch_compile`` is
+    layer's compute; ``ep_comm_overlap`` hides the expert all-to-all (dispatch and combine)
+    behind the expert GEMMs beside it (Megatron-Core's ``overlap_moe_expert_parallel_comm``,
+    DeepSeek's DualPipe: one microbatch's all-to-all beside another's compute);
+    ``cuda_graphs`` removes the host dispatch floor; ``torch_compile`` is
     recorded but not modelled. The composition rules are in
     :mod:`perfcast.features.schedule`.
     """
@@ -122,6 +125,7 @@ class ParallelConfig(BaseModel):
     tp_comm_overlap: bool = False
     overlap_param_gather: bool = False
     fsdp_prefetch: bool = False
+    ep_comm_overlap: bool = False
     cuda_graphs: bool = False
     torch_compile: bool = False
 

@@ -40,8 +40,8 @@ __all__ = [
     "software_release",
 ]
 
-RUN_FEATURE_SPEC_VERSION = 6  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
-# 5: software switches (what the stack overlaps); 6: frac_attention
+RUN_FEATURE_SPEC_VERSION = 7  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
+# 5: software switches (what the stack overlaps); 6: frac_attention; 7: ep_comm_overlap
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
 _RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
@@ -70,11 +70,14 @@ SOFTWARE_FEATURES = (
     "tp_comm_overlap",
     "cuda_graphs",
     "torch_compile",
+    "ep_comm_overlap",
 )
 """The run features of the framework switches of ``docs/frameworks.md`` (the run table's
 :data:`~perfcast.data.tables.SOFTWARE_SWITCH_COLUMNS`, in feature order), each 1 only where the layout has its
 mechanism (gradient sync: ``dp*cp > 1``; parameter gather: that and ZeRO-1/2; prefetch:
-that and ZeRO-3; TP overlap: ``tp > 1``), so a new framework maps onto known behaviour."""
+that and ZeRO-3; TP overlap: ``tp > 1``; expert all-to-all overlap: ``ep > 1``), so a new
+framework maps onto known behaviour. No measured run overlaps its expert all-to-all: a step
+model sees that feature at 0 only, and a query that sets it is new software to it."""
 _UNLOGGED = {"log2_num_microbatches": "num_microbatches", "log2_global_batch": "global_batch"}
 """Layout features taken as log2 of a field."""
 _MODEL = (
@@ -187,6 +190,7 @@ def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
         p.tp_comm_overlap and p.tp > 1,
         p.cuda_graphs,
         p.torch_compile,
+        p.ep_comm_overlap and p.ep > 1,
     )
 
 

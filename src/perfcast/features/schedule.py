@@ -10,7 +10,7 @@ Rules (DESIGN.md decision 4), stated once here:
   (adds its whole time) unless its node names an ``overlap_with`` node, in which case
   only the part longer than that node is exposed: ring-attention K/V exchange hides
   behind the attention it feeds. Tensor-parallel and expert all-to-all transfers are
-  exposed, as in Megatron-LM without communication-overlap flags.
+  exposed, as in Megatron-LM without communication-overlap flags (the switches below).
 * The framework's switches (``docs/frameworks.md``) reach the composition so:
 
   - ``tp_comm_overlap``: each sequence-parallel TP all-gather / reduce-scatter of a
@@ -30,6 +30,9 @@ Rules (DESIGN.md decision 4), stated once here:
     layer's share ``g / L`` is exposed, the rest only where it outlasts the forward compute
     ``F`` of the other layers of one microbatch: ``g / L + max(0, g - F) (L - 1) / L``.
     The switch therefore never lengthens a step.
+  - ``ep_comm_overlap``: each expert all-to-all of an MoE layer (dispatch, combine) names
+    the expert GEMM beside it (:data:`~perfcast.features.workload.EP_OVERLAP_GEMMS`), so it
+    is exposed by ``max(0, a2a - gemm)``, as a TP collective under ``tp_comm_overlap``.
   - ``cuda_graphs``: kernels replay from a captured graph, so the host dispatch floor
     (next rule) is off (``host_ms_per_kernel = 0``).
   - ``torch_compile`` is not modelled: its fused vector ops would need op times that

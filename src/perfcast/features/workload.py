@@ -53,6 +53,7 @@ from perfcast.features.graph import (  # noqa: F401 (re-exported)
     WorkloadGraph,
 )
 from perfcast.features.layer_ops import (  # noqa: F401 (re-exported: the overlap markers)
+    EP_OVERLAP_GEMMS,
     OVERLAP_PREVIOUS_LAYER,
     TP_OVERLAP_GEMMS,
     add_layer_forward,
@@ -164,13 +165,14 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     once-per-step nodes (:func:`build_step_ops`) and the number of microbatches, except
     where they reach the layers: ZeRO-3's per-layer weight gathers and whether a pipeline
     transfer stays inside a node. The framework switches that set ``overlap_with``
-    (``tp_comm_overlap`` with sequence parallelism, ``fsdp_prefetch`` under ZeRO-3) are
-    part of the key.
+    (``tp_comm_overlap`` with sequence parallelism, ``fsdp_prefetch`` under ZeRO-3,
+    ``ep_comm_overlap`` with expert parallelism) are part of the key.
     """
     p = parallel
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
-    overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0)
+    overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0,
+                p.ep_comm_overlap and p.ep > 1)  # fmt: skip
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
             p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
             *overlaps)  # fmt: skip
@@ -331,16 +333,18 @@ def _add_backward(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> None
 
 
 def _overlap_tp_backward(b: NodeBuilder, fwd_ids: list[int], bwd_of: dict[int, int]) -> None:
-    """Point the backward of each overlapped tensor-parallel collective of ``fwd_ids`` at its
-    GEMM's wgrad or dgrad (:data:`TP_OVERLAP_GEMMS`); ``bwd_of`` maps forward nodes to their
+    """Point the backward of each overlapped tensor-parallel or expert collective of ``fwd_ids`` at
+    its GEMM's wgrad or dgrad (:data:`TP_OVERLAP_GEMMS`, :data:`EP_OVERLAP_GEMMS`: an all-gather's
+    or all-to-all's at the wgrad where there is one); ``bwd_of`` maps forward nodes to their
     first backward node."""
     added = {b.rows[i]["name"]: i for i in range(min(bwd_of.values(), default=len(b.rows)), len(b.rows))}
     for node in fwd_ids:
         row = b.rows[node]
-        if row["group"] != Group.TP or row["overlap_with"] < 0 or node not in bwd_of:
+        if row["group"] not in (Group.TP, Group.EP) or row["overlap_with"] < 0 or node not in bwd_of:
             continue
         gemm = b.rows[row["overlap_with"]]["name"]
-        wgrad = added.get(f"{gemm}.wgrad") if row["op"] == OpType.ALLGATHER.value else None
+        to_wgrad = row["op"] in (OpType.ALLGATHER.value, OpType.ALLTOALL.value)
+        wgrad = added.get(f"{gemm}.wgrad") if to_wgrad else None
         partner = wgrad if wgrad is not None else added.get(f"{gemm}.dgrad")
         if partner is not None:
             b.rows[bwd_of[node]]["overlap_with"] = partner
