@@ -31,8 +31,8 @@ from perfcast.serve.predictors import load_step_predictor
 
 PRESETS = ("gpt3-350m", "llama3-8b", "llama2-13b", "qwen3-30b-a3b")
 LAYOUTS = ({"tp": 1, "pp": 1, "dp": 8}, {"tp": 8, "pp": 1, "dp": 1}, {"tp": 2, "pp": 2, "dp": 2})
-MOE_LAYOUTS = ({"tp": 1, "pp": 1, "dp": 8, "ep": 8},)
-"""Expert-parallel layouts, swept for the MoE presets only."""
+MOE_LAYOUTS = ({"tp": 1, "pp": 1, "dp": 8, "ep": 8}, {"tp": 1, "pp": 1, "dp": 8, "ep": 8, "ep_comm_overlap": True})
+"""Expert-parallel layouts, swept for the MoE presets only: all-to-all exposed and overlapped."""
 TOL = 1e-9
 
 
@@ -71,7 +71,8 @@ def test_sweep_covers_the_catalog(sweep) -> None:  # type: ignore[no-untyped-def
     assert {"a100-sxm4-80gb", "h100-sxm5-80gb", "h200-sxm-141gb", "b200-hgx", "gb200-per-gpu", "mi300x"} <= gpus
     assert len(gpus) >= 20  # parts without a 16-bit or vector peak in the catalog cannot run these
     moe = {c.cluster.gpu.id for c in configs if c.model.is_moe and c.parallel.ep == 8}
-    assert moe == gpus  # the fine-grained MoE preset, expert-parallel, on every GPU
+    overlapped = {c.cluster.gpu.id for c in configs if c.parallel.ep_comm_overlap}
+    assert moe == overlapped == gpus  # the fine-grained MoE preset, expert-parallel, on every GPU
 
 
 @pytest.mark.parametrize("name", ["analytic", "default"])
@@ -113,7 +114,8 @@ def test_faster_hardware_not_slower_beyond_the_interval(sweep, name: str) -> Non
     # the analytic predictor has no interval: the faster GPU must not be slower at all
     hi = step if name == "analytic" else pred["step_hi_ms"].to_numpy()
     key = [
-        (c.model.num_layers, c.model.hidden_size, c.parallel.tp, c.parallel.pp, c.parallel.dp, c.parallel.ep)
+        (c.model.num_layers, c.model.hidden_size, c.parallel.tp, c.parallel.pp, c.parallel.dp, c.parallel.ep,
+         c.parallel.ep_comm_overlap)
         for c in configs
     ]
     by_key: dict[tuple, list[int]] = {}
