@@ -329,10 +329,10 @@ def _add_backward(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> None
         else:
             shape = {k: row[k] for k in _NON_GEMM_SHAPE if k in row}
             b.add(f"{name}.bwd", scope, Phase.BACKWARD, op, backward=True, **shape)
-    _overlap_tp_backward(b, fwd_ids, bwd_of)
+    _overlap_collectives_backward(b, fwd_ids, bwd_of)
 
 
-def _overlap_tp_backward(b: NodeBuilder, fwd_ids: list[int], bwd_of: dict[int, int]) -> None:
+def _overlap_collectives_backward(b: NodeBuilder, fwd_ids: list[int], bwd_of: dict[int, int]) -> None:
     """Point the backward of each overlapped tensor-parallel or expert collective of ``fwd_ids`` at
     its GEMM's wgrad or dgrad (:data:`TP_OVERLAP_GEMMS`, :data:`EP_OVERLAP_GEMMS`: an all-gather's
     or all-to-all's at the wgrad where there is one); ``bwd_of`` maps forward nodes to their
