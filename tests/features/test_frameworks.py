@@ -116,7 +116,8 @@ def test_tp_comm_overlap_hides_tp_collectives_behind_their_gemms():
 def test_ep_comm_overlap_hides_expert_all_to_alls_behind_the_expert_gemms():
     """Mixtral on 16 H100s, 8-way expert parallel: dispatch and combine point at the expert GEMMs beside
     them (backward: their wgrad, or dgrad under LoRA), hide at most those GEMMs' time, and leave the
-    compute alone; off by default, and named as defaulted where there is expert parallelism."""
+    compute alone; off by default, and named as defaulted where there is expert parallelism. A step of
+    one microbatch has no other microbatch's compute to hide behind: nothing changes."""
     moe = {"model": "mixtral-8x7b", "gpu": "h100-sxm5-80gb", "dp": 16, "ep": 8, "micro_batch": 1,
            "global_batch": 32, "recompute": "full"}  # fmt: skip
     off = parse_run_row(moe)
@@ -136,6 +137,9 @@ def test_ep_comm_overlap_hides_expert_all_to_alls_behind_the_expert_gemms():
     assert lora_nodes.loc[bwd, "name"] == "moe.down.dgrad"  # frozen experts: no wgrad to hide behind
     before, after = _step(off), _step(on)
     assert 0 <= after.comm_ms["ep"] < before.comm_ms["ep"]
+    single = {**moe, "global_batch": 16}  # dp 16 x micro_batch 1: one microbatch
+    assert _step(parse_run_row({**single, "ep_comm_overlap": True})) == _step(parse_run_row(single))
+    assert "ep_comm_overlap" not in parse_run_row(single).defaulted
     assert after.compute_ms == pytest.approx(before.compute_ms) and after.step_ms < before.step_ms
     times = AnalyticOpPredictor().predict_ops(nodes.assign(gpu=on.cluster.gpu.id))[0]
     by_node = dict(zip(nodes["node"], times, strict=True))

@@ -45,8 +45,9 @@ EP_OVERLAP_GEMMS = {"moe.dispatch": "moe.up", "moe.combine": "moe.down"}
 """Under ``ep_comm_overlap``, the expert GEMM each expert all-to-all of an MoE layer overlaps: the
 schemes that hide it (Megatron-Core's ``overlap_moe_expert_parallel_comm``, DeepSeek's DualPipe)
 run one microbatch's all-to-all beside another microbatch's compute, and the expert GEMM of the
-same layer stands for that compute. Backward as :data:`TP_OVERLAP_GEMMS`: the all-to-all beside
-its GEMM's wgrad (dgrad where the weights are frozen). The ``etp`` gather and scatter stay exposed."""
+same layer stands for that compute; a step of one microbatch has no other, and its all-to-alls
+stay exposed. Backward as :data:`TP_OVERLAP_GEMMS`: the all-to-all beside its GEMM's wgrad (dgrad
+where the weights are frozen). The ``etp`` gather and scatter stay exposed."""
 
 
 def add_layer_forward(
@@ -279,7 +280,7 @@ def _add_experts(
         exchange("moe.etp_scatter", OpType.REDUCESCATTER, p.etp, EXPERT_TP, routed)
     exchange("moe.combine", OpType.ALLTOALL, p.ep, Group.EP, sent)
     b.add("moe.unpermute", scope, Phase.FORWARD, OpType.MUL, rows=sent, cols=h, scalar=True)
-    if p.ep_comm_overlap:
+    if p.ep_comm_overlap and p.num_microbatches > 1:  # another microbatch's compute to hide behind
         _point_at_gemms(b, list(range(first, len(b.rows))), EP_OVERLAP_GEMMS)
 
 

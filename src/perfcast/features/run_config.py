@@ -318,7 +318,7 @@ def defaulted_names(
         "tp_comm_overlap": p.tp > 1 and p.sequence_parallel,
         "overlap_param_gather": p.dp * p.cp > 1 and p.zero_stage in (1, 2),
         "fsdp_prefetch": p.dp * p.cp > 1 and p.zero_stage == 3,
-        "ep_comm_overlap": model is not None and model.is_moe and p.ep > 1,
+        "ep_comm_overlap": model is not None and model.is_moe and p.ep > 1 and p.num_microbatches > 1,
         "cuda_graphs": True,
         "num_gpus": True,
         "gpus_per_node": cluster.num_gpus > 1,

@@ -166,13 +166,13 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     where they reach the layers: ZeRO-3's per-layer weight gathers and whether a pipeline
     transfer stays inside a node. The framework switches that set ``overlap_with``
     (``tp_comm_overlap`` with sequence parallelism, ``fsdp_prefetch`` under ZeRO-3,
-    ``ep_comm_overlap`` with expert parallelism) are part of the key.
+    ``ep_comm_overlap`` with expert parallelism and more than one microbatch) are part of the key.
     """
     p = parallel
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
     overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0,
-                p.ep_comm_overlap and p.ep > 1)  # fmt: skip
+                p.ep_comm_overlap and p.ep > 1 and p.num_microbatches > 1)  # fmt: skip
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
             p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
             *overlaps)  # fmt: skip
