@@ -280,7 +280,7 @@ def _add_experts(
         exchange("moe.etp_scatter", OpType.REDUCESCATTER, p.etp, EXPERT_TP, routed)
     exchange("moe.combine", OpType.ALLTOALL, p.ep, Group.EP, sent)
     b.add("moe.unpermute", scope, Phase.FORWARD, OpType.MUL, rows=sent, cols=h, scalar=True)
-    if p.ep_comm_overlap and p.num_microbatches > 1:  # another microbatch's compute to hide behind
+    if p.hides_expert_all_to_all:
         _point_at_gemms(b, list(range(first, len(b.rows))), EP_OVERLAP_GEMMS)
 
 

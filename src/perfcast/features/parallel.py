@@ -236,6 +236,12 @@ class ParallelConfig(BaseModel):
         """Microbatches each pipeline processes per step (gradient-accumulation steps)."""
         return self.global_batch // (self.dp * self.micro_batch)
 
+    @property
+    def hides_expert_all_to_all(self) -> bool:
+        """Whether ``ep_comm_overlap`` has something to hide and something to hide behind: expert
+        all-to-alls (``ep > 1``) and another microbatch's compute (more than one microbatch)."""
+        return self.ep_comm_overlap and self.ep > 1 and self.num_microbatches > 1
+
 
 def check_layout(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
     """Check the rules that tie a layout to its model and cluster.

@@ -75,10 +75,10 @@ SOFTWARE_FEATURES = (
 """The run features of the framework switches of ``docs/frameworks.md`` (the run table's
 :data:`~perfcast.data.tables.SOFTWARE_SWITCH_COLUMNS`, in feature order), each 1 only where the layout has its
 mechanism (gradient sync: ``dp*cp > 1``; parameter gather: that and ZeRO-1/2; prefetch:
-that and ZeRO-3; TP overlap: ``tp > 1``; expert all-to-all overlap: ``ep > 1`` and more than one
-microbatch), so a new
-framework maps onto known behaviour. No measured run overlaps its expert all-to-all: a step
-model sees that feature at 0 only, and a query that sets it is new software to it."""
+that and ZeRO-3; TP overlap: ``tp > 1``; expert all-to-all overlap:
+:attr:`~perfcast.features.parallel.ParallelConfig.hides_expert_all_to_all`), so a new framework
+maps onto known behaviour. No measured run overlaps its expert all-to-all: a step model sees
+that feature at 0 only, and a query that sets it is new software to it."""
 _UNLOGGED = {"log2_num_microbatches": "num_microbatches", "log2_global_batch": "global_batch"}
 """Layout features taken as log2 of a field."""
 _MODEL = (
@@ -191,7 +191,7 @@ def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
         p.tp_comm_overlap and p.tp > 1,
         p.cuda_graphs,
         p.torch_compile,
-        p.ep_comm_overlap and p.ep > 1 and p.num_microbatches > 1,
+        p.hides_expert_all_to_all,
     )
 
 

@@ -172,7 +172,7 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
     overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0,
-                p.ep_comm_overlap and p.ep > 1 and p.num_microbatches > 1)  # fmt: skip
+                p.hides_expert_all_to_all)  # fmt: skip
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
             p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
             *overlaps)  # fmt: skip

@@ -119,9 +119,9 @@ def search_layouts(
         tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
     except ValueError:
         raise SpecError(f"finetune={finetune!r} unknown; allowed: {', '.join(f.value for f in Finetune)}") from None
-    stack = None if framework is None else Framework.parse(framework)
-    if space is None and stack is not None:
-        space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stack])
+    stated = None if framework is None else Framework.parse(framework)
+    if space is None and stated is not None:
+        space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stated])
     filled = filled_lora_rank(tune, lora_rank)
     rank = lora_rank if filled is None else filled
     rows, n_layouts, n_oom = [], 0, 0
@@ -141,8 +141,8 @@ def search_layouts(
             fields.update(recompute=layout.recompute.value, finetune=layout.finetune.value, dtype=layout.dtype.value)
             if filled is not None:  # the default rank, named as a reader names what it filled
                 fields[DEFAULTED_COLUMN] = "lora_rank"
-            if stack is not None:
-                fields["framework"] = stack.value
+            if stated is not None:
+                fields["framework"] = stated.value
             rows.append({"model": label, "seq_len": spec.seq_len, **fields, "gpu": cluster.gpu.id,
                          "num_gpus": num_gpus, "gpus_per_node": cluster.gpus_per_node,
                          "inter_node": cluster.inter_node_fabric})  # fmt: skip

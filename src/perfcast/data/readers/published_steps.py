@@ -346,6 +346,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     defaulted = name_defaulted(defaulted, _packed_document_fills(out, text["notes"]), "document_tokens")
     defaulted = name_defaulted(defaulted, _expert_parallel_fills(out, text["notes"]), "ep")
     out["model_name"] = out["model"]
+    # after the fills: the expert-parallel fill reads the file's num_experts
     out.loc[out["model"].isin(PRESET_MODELS), list(PRESET_STATED_COLUMNS)] = np.nan
     spelled = out[list(SHAPE_FIELDS)].notna().all(axis=1)
     unknown = out["model"].notna() & ~out["model"].isin(PRESET_MODELS)
