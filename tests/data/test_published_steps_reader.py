@@ -100,7 +100,8 @@ def test_fixture_times_and_their_basis(tmp_path: Path) -> None:
 def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
     rec = read_published_steps(_write(tmp_path)).records
     assert rec["vocab_size"].iloc[0] == 50257 and rec["defaulted_fields"].iloc[0] == "vocab_size"
-    assert (rec["defaulted_fields"].iloc[1:] == "").all()
+    assert rec["defaulted_fields"].iloc[1] == "recompute"  # torchtitan's selective, its option unstated
+    assert (rec["defaulted_fields"].iloc[2:] == "").all()
     nano = rec.iloc[3]
     assert all(pd.isna(nano[c]) for c in ("num_layers", "hidden_size", "num_heads", "vocab_size"))
     assert pd.isna(rec["ep"].iloc[0]) and pd.isna(rec["vpp"].iloc[1]) and pd.isna(rec["lora_rank"]).all()
@@ -110,6 +111,23 @@ def test_fixture_keeps_unstated_fields_empty(tmp_path: Path) -> None:
     assert all(pd.isna(rec[c].iloc[2]) for c in PRESET_STATED_COLUMNS) and rec["ep"].iloc[2] == 8
     assert rec["ffn_hidden_size"].iloc[4] == 11008  # not a preset: as given
     assert rec["model_name"].tolist()[2] == "qwen3-30b-a3b" and rec["notes"].iloc[1] == "eager"
+
+
+def test_torchtitan_rows_read_its_checkpointing_and_compile(tmp_path: Path) -> None:
+    """torchtitan's selective checkpointing is op-sac, named where the notes do not say the op-level
+    policy; eager / torch.compile is read from the notes (async TP is not)."""
+    shape = ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,{tp},1,8,1,,,2,16,,3,{rc},,,bf16,H100 80GB,{n},8,100.0,,,,"
+    rows = [
+        _TITAN + shape.format(tp=8, rc="selective", n=64) + "async TP; torch.compile; per-op SAC",
+        _TITAN + shape.format(tp=8, rc="full", n=64) + "vanilla TP; eager",
+        _TITAN + shape.format(tp=1, rc="selective", n=8) + "selective layer AC",
+        _NEMO + shape.format(tp=8, rc="selective", n=64) + "async TP; eager",  # not torchtitan: as given
+    ]
+    rec = read_published_steps(_write(tmp_path, rows)).records
+    assert rec["recompute"].tolist() == ["op-sac", "full", "op-sac", "selective"]
+    assert "tp_comm_overlap" not in rec
+    assert rec["torch_compile"].tolist()[:2] == [True, False] and rec["torch_compile"].iloc[2:].isna().all()
+    assert rec["defaulted_fields"].tolist() == ["", "", "recompute", ""]
 
 
 def test_fixture_stand_in_gpu_and_pipeline_microbatches(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def test_run_records() -> None:
     reasons = list(result.rejected[REASON_COLUMN])
     assert "timing_scope" in reasons[0] and "epoch" in reasons[0]
     assert "no measured time" in reasons[1]
-    assert "recompute must be one of none, selective, full" in reasons[2]
+    assert "recompute must be one of none, selective, op-sac, full" in reasons[2]
 
 
 def test_time_to_train_alone_is_a_measurement() -> None:

@@ -79,6 +79,17 @@ def test_stated_values_win_over_framework_defaults():
     assert framework_fields({"framework": "deepspeed", "dp": 4, "zero_stage": 3})["overlap_grad_reduce"]
 
 
+def test_torchtitan_tensor_parallelism_is_sequence_parallel_unless_stated():
+    """torchtitan's TP plan shards the norms over the sequence: an unstated ``sequence_parallel`` of a
+    ``tp > 1`` layout is true, and named; a stated one wins; ``tp = 1`` has nothing to shard."""
+    unstated = {k: v for k, v in RUN.items() if k != "sequence_parallel"}
+    titan = parse_run_row({**unstated, "framework": "torchtitan"})
+    assert titan.parallel.sequence_parallel and "sequence_parallel" in titan.defaulted
+    assert not parse_run_row({**RUN, "framework": "torchtitan", "sequence_parallel": False}).parallel.sequence_parallel
+    assert "sequence_parallel" not in framework_fields({"framework": "torchtitan", "tp": 1, "dp": 8})
+    assert not parse_run_row({**unstated, "framework": "nemo"}).parallel.sequence_parallel  # Megatron: a flag
+
+
 def test_unstated_framework_is_the_documented_default_and_named():
     config = parse_run_row(RUN)
     assert config.parallel.framework is DEFAULT_FRAMEWORK is Framework.MEGATRON_DEEPSPEED

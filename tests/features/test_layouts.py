@@ -32,7 +32,7 @@ def test_space_covers_the_degrees_practitioners_try(llama: TransformerSpec) -> N
     layouts = list(enumerate_layouts(llama, cluster, 64))
     assert {p.tp for p in layouts} == {1, 2, 4, 8}  # 16-way tp would cross nodes
     assert {1, 2, 4, 8, 16} <= {p.pp for p in layouts}
-    assert {p.recompute for p in layouts} == set(Recompute)
+    assert {p.recompute for p in layouts} == {Recompute.NONE, Recompute.SELECTIVE, Recompute.FULL}  # Megatron's
     assert any(p.vpp > 1 for p in layouts) and all(p.pp > 1 for p in layouts if p.vpp > 1)
     assert all(p.zero_stage == 0 for p in layouts if p.dp * p.cp == 1)  # ZeRO shards over dp * cp ranks
     assert any(p.zero_stage == 1 for p in layouts if p.dp == 1 and p.cp > 1)

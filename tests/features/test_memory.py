@@ -55,6 +55,15 @@ def test_flash_attention_keeps_no_scores():
     assert _act(tp=4, sequence_parallel=True, flash_attention=True) == pytest.approx(34 * SBH / 4, rel=1e-12)
 
 
+@pytest.mark.parametrize(
+    ("t", "sp", "expected"), [(1, False, 13 * SBH), (4, False, SBH * (4 + 9 / 4)), (4, True, 13 * SBH / 4)]
+)
+def test_op_sac_keeps_the_input_the_attention_output_and_half_the_matmul_outputs(t, sp, expected):
+    """Per sbh, 16-bit: input 2 and attention output 2; of the matmul outputs (Q, K, V 6, out 2,
+    up 8, down 2: 18) half, 9; the input and the h-wide projections' outputs are whole under tp."""
+    assert _act(tp=t, sequence_parallel=sp, recompute="op-sac") == pytest.approx(expected, rel=1e-12)
+
+
 @pytest.mark.parametrize(("t", "sp", "expected"), [(1, False, 2 * SBH), (4, False, 2 * SBH), (4, True, 2 * SBH / 4)])
 def test_full_recompute_keeps_the_layer_input(t, sp, expected):
     assert _act(tp=t, sequence_parallel=sp, recompute="full") == pytest.approx(expected, rel=1e-12)

@@ -153,6 +153,25 @@ def test_selective_recompute_replays_the_attention_core_only():
     assert _flops(sel, GEMM_OPS) == _flops(none, GEMM_OPS)
 
 
+@pytest.mark.parametrize("fields", [{}, {"tp": 2, "sequence_parallel": True}])
+def test_op_sac_replays_half_the_gemms_and_every_vector_op(fields):
+    """torchtitan's op-level checkpointing: every other matmul output and the attention output are
+    kept, so a replay holds the layer's vector ops whole and its GEMMs at half their count."""
+    none, sac = _graph(global_batch=2, **fields), _graph(global_batch=2, recompute="op-sac", **fields)
+    fwd = (none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer")
+    layer_fwd_gemm = float(_weighted_flops(none)[fwd & none.nodes["op"].isin(GEMM_OPS)].sum())
+    assert _flops(sac, GEMM_OPS) == pytest.approx(_flops(none, GEMM_OPS) + layer_fwd_gemm / 2, rel=1e-12)
+    assert _flops(sac, ["attention"]) == _flops(none, ["attention"])
+    replays = _ops(sac, phase="recompute")
+    kept = {"attention", "reducescatter"}  # the attention output and the tp reduce-scatter's are kept
+    expected = _ops(none, phase="fwd", scope="layer")
+    replayed = sorted(replays["name"].str.removesuffix(".recompute"))
+    assert replayed == sorted(expected[~expected["op"].isin(kept)]["name"])
+    gemm = replays["op"].isin(GEMM_OPS)
+    assert set(replays[gemm]["repeat"]) == {0.5} and set(replays[~gemm]["repeat"]) == {1.0}
+    assert ("allgather" in set(replays["op"])) == ("tp" in fields)
+
+
 def test_data_parallelism_splits_the_tokens():
     one, four = _graph(global_batch=8), _graph(dp=4, global_batch=8)
     assert one.num_microbatches == 8 and four.num_microbatches == 2
@@ -476,6 +495,7 @@ MOE = TransformerSpec(
 VARIED = {
     **CONFIGS,
     "unfused_attention": dict(flash_attention=False, tp=2, global_batch=1),
+    "op_sac_tp_overlap": dict(tp=2, sequence_parallel=True, tp_comm_overlap=True, recompute="op-sac", global_batch=1),
     "lora_unfused_full_recompute": dict(
         finetune="lora", lora_rank=8, flash_attention=False, recompute="full", global_batch=1
     ),
@@ -489,8 +509,9 @@ def _graph_row_by_row(rows: list[dict]) -> pd.DataFrame:
     nodes = pd.DataFrame(rows).reindex(columns=list(NODE_COLUMNS))
     ints = [c for c in NODE_COLUMNS if c not in ("name", "scope", "phase", "stream", "group", "op", "dtype")]
     flags = ["scalar", "causal", "backward"]
-    ints = [c for c in ints if c not in flags]
+    ints = [c for c in ints if c not in (*flags, "repeat")]
     nodes[ints] = nodes[ints].fillna(0).astype("int64")
+    nodes["repeat"] = nodes["repeat"].fillna(0).astype(float)  # occurrences per layer: half for op-sac's GEMM replays
     nodes[flags] = nodes[flags].astype("boolean").fillna(False).astype(bool)
     nodes["flops"] = op_flops(nodes)
     nodes["mem_bytes"] = op_memory_bytes(nodes)
@@ -546,11 +567,11 @@ VARIANT_LAYOUTS = [
 
 
 @pytest.mark.parametrize(("model", "fields"), VARIANT_LAYOUTS)
-@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+@pytest.mark.parametrize("recompute", ["none", "selective", "op-sac", "full"])
 def test_body_variant_gives_the_graphs_nodes(model, fields, recompute):
     """A body built without recomputation (vpp 1), varied, holds the built graph's nodes."""
     from perfcast.features.parallel import Recompute
-    from perfcast.features.workload import body_variant, replayed_nodes
+    from perfcast.features.workload import body_variant, replay_weights
 
     fields = {**fields, "global_batch": 4 * fields.get("dp", 1) * fields.get("micro_batch", 1)}
     base = _graph(model, **fields)
@@ -558,7 +579,7 @@ def test_body_variant_gives_the_graphs_nodes(model, fields, recompute):
     nodes = {name: base.column(name)[:n] for name in NODE_COLUMNS}
     for vpp in (1, 2) if fields.get("pp", 1) > 1 else (1,):
         target = _graph(model, **fields, vpp=vpp, recompute=recompute)
-        source, changed = body_variant(nodes, vpp, replayed_nodes(nodes, Recompute(recompute)))
+        source, changed = body_variant(nodes, vpp, replay_weights(nodes, Recompute(recompute)))
         variant = {name: changed.get(name, nodes[name][source]) for name in NODE_COLUMNS}
         assert _body_rows(variant) == _body_rows({name: target.column(name) for name in NODE_COLUMNS})
 

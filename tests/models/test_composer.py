@@ -256,7 +256,7 @@ class FlaggingSpy(SpyPredictor):
 def test_compose_table_equals_composing_every_config(predictor, overlap):
     rows = [*VARIED, *({**row, "global_batch": 2 * row["global_batch"]} for row in VARIED)]  # shared bodies
     # bodies built for one vpp and recomputation, reused for the others
-    rows += [{**row, "recompute": r} for row in VARIED[1:4] for r in ("none", "selective", "full")]
+    rows += [{**row, "recompute": r} for row in VARIED[1:4] for r in ("none", "selective", "op-sac", "full")]
     rows += [{**row, "vpp": v} for row in VARIED[6:8] for v in (1, 2)]
     configs = [parse_run_row(row) for row in rows]
     composer = StepComposer(predictor(), overlap_grad_reduce=overlap)

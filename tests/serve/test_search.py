@@ -139,6 +139,7 @@ def test_a_stated_framework_fills_its_overlaps_and_tries_its_zero_stages() -> No
     sharded = titan["dp"] * titan["cp"] > 1
     assert (titan["cp"] > 1).any() and sharded.any() and (titan.loc[sharded, "zero_stage"] == 3).all()
     assert (titan.loc[~sharded, "zero_stage"] == 0).all()
+    assert set(titan["recompute"]) == {"none", "op-sac", "full"}  # torchtitan's checkpointing modes
     named = titan["defaulted_fields"].str.split(",")
     assert named.map(lambda n: "framework" not in n).all()
     assert named[sharded].map(lambda n: "fsdp_prefetch" in n and "overlap_grad_reduce" in n).all()
@@ -148,6 +149,7 @@ def test_a_stated_framework_fills_its_overlaps_and_tries_its_zero_stages() -> No
     mcore = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="nemo").ranked
     overlapped = mcore[(mcore["tp"] > 1) & mcore["sequence_parallel"]]
     assert (mcore["framework"] == "megatron-core").all() and set(mcore["zero_stage"]) == {0, 1}
+    assert set(mcore["recompute"]) == set(plain["recompute"]) == {"none", "selective", "full"}
     assert overlapped["defaulted_fields"].str.contains("tp_comm_overlap").all()
     with pytest.raises(SpecError, match="framework='nope' is not a known framework; allowed: megatron-core"):
         search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="nope")

@@ -259,7 +259,7 @@ RUN_BOOL_COLUMNS = (
 )  # fmt: skip
 RUN_TIME_COLUMNS = ("measured_step_ms", "measured_ttt_min")
 """Measured step time (ms, per global batch) and whole-run time to train (minutes)."""
-RECOMPUTE_NAMES = ("none", "selective", "full")
+RECOMPUTE_NAMES = ("none", "selective", "op-sac", "full")
 FINETUNE_NAMES = ("full", "sft", "lora")
 
 

@@ -18,7 +18,9 @@ The defaults, with their sources (``docs/frameworks.md`` has the table):
 * ``megatron-deepspeed``: nothing overlapped, ``zero_stage = 0``; the default of a row
   that names no framework, so such rows predict as before frameworks were a column.
 * ``torchtitan``: FSDP2 (``zero_stage = 3``) with its implicit prefetch, the gradient
-  reduce-scatter overlapped with backward, ``torch.compile`` on, async TP off.
+  reduce-scatter overlapped with backward, ``torch.compile`` on, async TP off; its tensor
+  parallelism is sequence-parallel (``sequence_parallel`` of a ``tp > 1`` layout: the plan
+  shards the norms over the sequence).
 * ``pytorch-fsdp`` (FSDP1/FSDP2 under Composer / llm-foundry, NeMo AutoModel):
   ``FULL_SHARD`` (``zero_stage = 3``) with forward and backward prefetch, the gradient
   reduce-scatter overlapped with backward.
@@ -147,6 +149,19 @@ SEARCH_ZERO_STAGES: dict[Framework, tuple[int, ...]] = {
 FSDP2, Composer's and AutoModel's FULL_SHARD), DeepSpeed's four stages."""
 
 
+SEARCH_RECOMPUTE: dict[Framework, tuple[str, ...]] = {
+    Framework.MEGATRON_CORE: ("none", "selective", "full"),
+    Framework.MEGATRON_DEEPSPEED: ("none", "selective", "full"),
+    Framework.TORCHTITAN: ("none", "op-sac", "full"),
+    Framework.PYTORCH_FSDP: ("none", "full"),
+    Framework.DEEPSPEED: ("none", "full"),
+}
+"""The recomputation modes a layout search tries per framework (``recompute`` values): Megatron's
+selective and full recomputation; torchtitan's op-level selective checkpointing and full; a
+whole-block checkpoint wrapper (Composer's ``activation_checkpointing``, AutoModel's, DeepSpeed's)
+for the others."""
+
+
 def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
     """The layout fields a framework fills: its defaults for the fields ``stated`` lacks.
 
@@ -156,7 +171,8 @@ def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
             an absent ``framework`` is :data:`DEFAULT_FRAMEWORK`.
 
     Returns:
-        The absent ones of ``zero_stage`` (only for ``dp * cp > 1``) and the switches
+        The absent ones of ``zero_stage`` (only for ``dp * cp > 1``), of ``sequence_parallel``
+        (torchtitan's, for ``tp > 1``) and of the switches
         ``tp_comm_overlap, overlap_grad_reduce, overlap_param_gather, fsdp_prefetch,
         ep_comm_overlap, cuda_graphs, torch_compile``, with the framework's values.
         ``tp_comm_overlap`` is on only where it can run (``tp > 1`` with ``sequence_parallel``);
@@ -164,8 +180,9 @@ def framework_fields(stated: Mapping[str, Any]) -> dict[str, Any]:
     """
     framework = Framework.parse(stated.get("framework", DEFAULT_FRAMEWORK))
     tp, dp_cp = int(stated.get("tp", 1)), int(stated.get("dp", 1)) * int(stated.get("cp", 1))
-    sp = bool(stated.get("sequence_parallel", False))
-    fills: dict[str, Any] = {}
+    framework_sp = framework is Framework.TORCHTITAN and tp > 1
+    fills: dict[str, Any] = {"sequence_parallel": True} if framework_sp and "sequence_parallel" not in stated else {}
+    sp = bool(stated.get("sequence_parallel", framework_sp))
     zero = stated.get("zero_stage")
     if zero is None:
         zero = _ZERO_STAGE[framework] if dp_cp > 1 else 0

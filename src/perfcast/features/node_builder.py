@@ -105,10 +105,11 @@ _STRING_COLUMNS = frozenset(("name", "scope", "phase", "stream", "group", "op", 
 _FLAG_COLUMNS = frozenset(("scalar", "causal", "backward"))
 _COLUMN_DTYPES = {
     name: object if name in _STRING_COLUMNS else (bool if name in _FLAG_COLUMNS else np.int64) for name in NODE_COLUMNS
-}
-"""Node column types: strings, flags, and whole numbers (shapes, ids, counts)."""
+} | {"repeat": float}
+"""Node column types: strings, flags, whole numbers (shapes, ids, counts), and ``repeat``, a node's
+occurrences per layer (fractional for a replay that runs on some layers only: ``op-sac``)."""
 _ROW_DEFAULTS: dict[str, Any] = {
-    **{name: 0 for name, dtype in _COLUMN_DTYPES.items() if dtype is np.int64},
+    **{name: 0 for name, dtype in _COLUMN_DTYPES.items() if dtype in (np.int64, float)},
     **{name: False for name in _FLAG_COLUMNS},
     "group": "",
     "overlap_with": -1,

@@ -25,10 +25,15 @@ from perfcast.features.model import TransformerSpec
 
 
 class Recompute(str, Enum):
-    """Activation recomputation mode (Korthikanti et al. 2022)."""
+    """Activation recomputation mode: Megatron's ``selective`` and ``full`` (Korthikanti et al.
+    2022), and torchtitan's ``op-sac`` (``activation_checkpoint.mode = "selective"`` with its
+    default ``selective_ac_option = "op"``: each layer keeps its attention output, its
+    tensor-parallel reduce-scatter outputs and every other matmul output; backward replays the
+    rest). What each replays is :func:`perfcast.features.workload.replay_weights`."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (scores, softmax, context) only
+    OP_SAC = "op-sac"  # torchtitan's op-level selective checkpointing: replay half the GEMMs and the vector ops
     FULL = "full"  # keep each layer's input, recompute the whole layer in backward
 
 

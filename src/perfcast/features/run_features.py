@@ -40,11 +40,11 @@ __all__ = [
     "software_release",
 ]
 
-RUN_FEATURE_SPEC_VERSION = 7  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
-# 5: software switches (what the stack overlaps); 6: frac_attention; 7: ep_comm_overlap
+RUN_FEATURE_SPEC_VERSION = 8  # 2: missing SM count / L2 imputed, not NaN; 3: software_release; 4: NVLink domains;
+# 5: software switches (what the stack overlaps); 6: frac_attention; 7: ep_comm_overlap; 8: op-sac recompute
 COMM_GROUPS = ("tp", "cp", "ep", "pp", "dp", "edp", "emb")
 """Process groups whose exposed communication gets a fraction column."""
-_RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+_RECOMPUTE_CODE = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.OP_SAC: 1.5, Recompute.FULL: 2}
 
 _LAYOUT = (
     "tp",

@@ -23,7 +23,7 @@ from perfcast.features.workload import (
     Scope,
     WorkloadGraph,
     body_variant,
-    replayed_nodes,
+    replay_weights,
 )
 
 COMPUTE = "compute"
@@ -434,7 +434,7 @@ class BodyTemplate:
         The layers per stage stay this template's: an uneven split, which depends on ``vpp``,
         needs a base body of its own ``vpp``."""
         if recompute not in self._replayed:
-            self._replayed[recompute] = replayed_nodes(self.columns, recompute)
+            self._replayed[recompute] = replay_weights(self.columns, recompute)
         source, changed = body_variant(self.columns, vpp, self._replayed[recompute])
         out = copy.copy(self)
         out.vpp, out.base, out.source, out.num_nodes = vpp, self, source, len(source)

@@ -34,7 +34,8 @@ Layout conventions follow Megatron-LM:
 * LoRA adds rank-``r`` adapters to the attention projections (QKV and output); the base
   weights get no weight-gradient GEMMs, no gradient sync and no optimizer state.
 * Recomputation ``full`` replays the layer's forward ops (collectives included) before
-  its backward; ``selective`` replays the attention core.
+  its backward; ``selective`` replays the attention core; torchtitan's ``op-sac`` half the
+  GEMMs and the vector ops (:func:`replay_weights`).
 """
 
 from __future__ import annotations
@@ -186,25 +187,48 @@ def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
             p.last_stage_layers)  # fmt: skip
 
 
-def replayed_nodes(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
-    """Rows of ``nodes`` (a graph's nodes, built without recomputation) that ``recompute``
-    replays before each layer's backward (see :func:`_add_recompute`)."""
+OP_SAC_GEMM_REPLAY = 0.5
+"""Share of a layer's GEMMs that ``op-sac`` replays (times each GEMM node is replayed per layer):
+torchtitan's policy (``torchtitan/models/llama3/infra/parallelize.py``, ``_save_list``) keeps the
+output of every other matmul, counting matmuls over the whole forward, so over two layers each
+GEMM of the template is replayed once."""
+
+
+def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
+    """How often ``recompute`` replays each row of ``nodes`` before its layer's backward, per
+    occurrence of the row (0: not replayed); ``nodes`` are a graph's nodes built without
+    recomputation (or a layer's forward rows).
+
+    Replayed are forward nodes of a layer (dense or MoE), except what the backward still has at
+    hand: the ZeRO-3 weight gather and the context-parallel K/V exchange. Of those,
+    ``full`` replays every node (collectives included, as Megatron's full recomputation does),
+    ``selective`` the attention core only, ``op-sac`` (torchtitan) every node but the attention
+    core and the tensor-parallel reduce-scatters and all-reduces (their outputs are kept), GEMMs
+    at :data:`OP_SAC_GEMM_REPLAY`.
+    """
+    names = np.asarray(nodes["name"]).astype(str)
+    replay = (np.asarray(nodes["phase"]) == Phase.FORWARD) & np.isin(nodes["scope"], [Scope.LAYER, Scope.MOE_LAYER])
+    replay &= (names != "zero3.param_gather") & (np.asarray(nodes["group"]) != Group.CP)
+    attention = np.char.startswith(names, "attn.core")
+    weights = replay.astype(float)
     if recompute is Recompute.NONE:
-        return np.zeros(0, dtype=np.int64)
-    replay = (nodes["phase"] == Phase.FORWARD) & np.isin(nodes["scope"], [Scope.LAYER, Scope.MOE_LAYER])
-    names = nodes["name"]
-    replay &= (names != "zero3.param_gather") & (nodes["group"] != Group.CP)  # still at hand
-    if recompute is Recompute.SELECTIVE:
-        replay &= np.array([name.startswith("attn.core") for name in names], dtype=bool)
-    return np.flatnonzero(replay)
+        weights[:] = 0.0
+    elif recompute is Recompute.SELECTIVE:
+        weights[~attention] = 0.0
+    elif recompute is Recompute.OP_SAC:
+        ops, tp = np.asarray(nodes["op"]), np.asarray(nodes["group"]) == Group.TP
+        kept = attention | (tp & np.isin(ops, [OpType.REDUCESCATTER.value, OpType.ALLREDUCE.value]))
+        weights[kept] = 0.0
+        weights[np.isin(ops, [op.value for op in GEMM_OPS])] *= OP_SAC_GEMM_REPLAY
+    return weights
 
 
 def body_variant(
-    nodes: Mapping[str, np.ndarray], vpp: int, replayed: np.ndarray
+    nodes: Mapping[str, np.ndarray], vpp: int, replay: np.ndarray
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """The per-microbatch nodes of the same config with ``vpp`` and the recomputation that
-    replays rows ``replayed`` (:func:`replayed_nodes`), as rows of ``nodes`` and the columns
-    that differ from those rows.
+    """The per-microbatch nodes of the same config with ``vpp`` and the recomputation whose
+    :func:`replay_weights` are ``replay``, as rows of ``nodes`` and the columns that differ
+    from those rows.
 
     ``nodes`` are the non-step nodes of a graph built with ``recompute="none"`` (any
     ``vpp``). ``vpp`` only sets how often each pipeline transfer repeats; the replayed
@@ -216,13 +240,14 @@ def body_variant(
         replayed ones); and its ``repeat``, ``phase`` and ``overlap_with`` columns. Other
         columns are those of ``source`` (replayed names aside, which gain ``.recompute``).
     """
+    replayed = np.flatnonzero(replay)
     n, k = len(nodes["node"]), len(replayed)
-    repeat = np.where(nodes["group"] == Group.PP, vpp, nodes["repeat"])
+    repeat = np.where(nodes["group"] == Group.PP, vpp, nodes["repeat"]).astype(float)
     replay_of = np.full(n, -1, dtype=np.int64)  # a replayed node's overlap partner is its partner's replay
     replay_of[replayed] = n + np.arange(k)
     target = nodes["overlap_with"][replayed].astype(np.int64)
     return np.concatenate([np.arange(n), replayed]), {
-        "repeat": np.concatenate([repeat, repeat[replayed]]),
+        "repeat": np.concatenate([repeat, repeat[replayed] * replay[replayed]]),
         "phase": np.concatenate([nodes["phase"], np.full(k, Phase.RECOMPUTE, dtype=object)]),
         "overlap_with": np.concatenate([nodes["overlap_with"], np.where(target >= 0, replay_of[target], -1)]),
     }
@@ -351,17 +376,17 @@ def _overlap_collectives_backward(b: NodeBuilder, fwd_ids: list[int], bwd_of: di
 
 
 def _add_recompute(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> None:
-    if p.recompute is Recompute.NONE:
-        return
+    """Append the replays of the layer forward nodes ``fwd_ids`` that ``p.recompute`` replays
+    (:func:`replay_weights`), each with its repeat times its replay weight."""
+    rows = [b.rows[node] for node in fwd_ids]
+    weights = replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in ("name", "phase", "scope",
+                                                                                        "group", "op")}, p.recompute)
     replay_of: dict[int, int] = {}
-    for node in fwd_ids:
-        row = dict(b.rows[node])
-        if p.recompute is Recompute.SELECTIVE and not row["name"].startswith("attn.core"):
+    for node, row, weight in zip(fwd_ids, rows, weights, strict=True):
+        if weight == 0.0:
             continue
-        if row["name"] == "zero3.param_gather" or row["group"] == Group.CP:
-            continue  # weights and K/V of the forward are still at hand
         fields = {k: v for k, v in row.items() if k not in ("node", "name", "scope", "phase", "stream", "op", "dtype")}
-        fields["overlap_with"] = -1
+        fields["overlap_with"], fields["repeat"] = -1, row["repeat"] * weight
         replay_of[node] = b.add(f"{row['name']}.recompute", row["scope"], Phase.RECOMPUTE, OP_BY_NAME[row["op"]],
                                 **fields)  # fmt: skip
     for node, replay in replay_of.items():  # an overlapped collective's replay overlaps its GEMM's replay

@@ -109,7 +109,7 @@ _RUN_FIELD_DOCS = {
     "model": "Preset id (GET /v1/models), a config as a JSON object (perfcast fields or a Hugging Face "
     "config.json), or a config file in a folder the operator allowed",
     "gpu": "Catalog id or device name",
-    "recompute": "none, selective or full",
+    "recompute": "none, selective, op-sac or full",
     "finetune": "full, sft or lora",
     "document_tokens": "Attention length of sequences packed from several documents with a per-document mask "
     "(empty: the whole sequence)",

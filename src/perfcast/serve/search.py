@@ -22,11 +22,11 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
-from perfcast.features.frameworks import SEARCH_ZERO_STAGES, Framework
+from perfcast.features.frameworks import SEARCH_RECOMPUTE, SEARCH_ZERO_STAGES, Framework
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
-from perfcast.features.parallel import Finetune
+from perfcast.features.parallel import Finetune, Recompute
 from perfcast.features.run_config import DEFAULTED_COLUMN, filled_lora_rank
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
@@ -85,8 +85,10 @@ def search_layouts(
             reads): every layout states it, so the parser fills its overlaps (named in
             ``defaulted_fields``) and the step model applies its stack's factors; and without a
             ``space``, the layouts try its ZeRO stages (:data:`~perfcast.features.frameworks.SEARCH_ZERO_STAGES`,
-            FSDP's 3 for torchtitan and pytorch-fsdp). None: no framework stated, layouts as
-            Megatron-DeepSpeed runs them (nothing overlapped), ZeRO 0 and 1.
+            FSDP's 3 for torchtitan and pytorch-fsdp) and recomputation modes
+            (:data:`~perfcast.features.frameworks.SEARCH_RECOMPUTE`: torchtitan's ``op-sac``). None:
+            no framework stated, layouts as Megatron-DeepSpeed runs them (nothing overlapped), ZeRO
+            0 and 1.
         space: the layout values tried (default :class:`~perfcast.features.layouts.LayoutSpace`).
         price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
         progress: called with the number of configs predicted.
@@ -121,7 +123,8 @@ def search_layouts(
         raise SpecError(f"finetune={finetune!r} unknown; allowed: {', '.join(f.value for f in Finetune)}") from None
     stated = None if framework is None else Framework.parse(framework)
     if space is None and stated is not None:
-        space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stated])
+        space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stated],
+                            recompute=tuple(Recompute(r) for r in SEARCH_RECOMPUTE[stated]))  # fmt: skip
     filled = filled_lora_rank(tune, lora_rank)
     rank = lora_rank if filled is None else filled
     rows, n_layouts, n_oom = [], 0, 0

@@ -40,6 +40,12 @@ Mapping, one record per source row:
 * ``ep``: as given, except on MoE rows whose ``notes`` list expert-parallel kernels
   (:data:`EXPERT_PARALLEL_KERNELS`) with ``ep`` 1, read as the largest size dividing both
   ``dp * cp`` and ``num_experts`` and named in ``defaulted_fields`` (:func:`_expert_parallel_fills`).
+* torchtitan rows (:func:`_torchtitan_fills`): ``recompute`` ``selective`` is torchtitan's
+  selective activation checkpointing, read as ``op-sac`` (its default op-level policy,
+  :data:`TORCHTITAN_OP_SAC`; named in ``defaulted_fields`` where the notes do not say the
+  op-level policy); ``torch_compile`` as the row's ``notes`` state it
+  (:data:`TORCHTITAN_COMPILE_NOTES`), else empty (the framework's default, as is
+  ``sequence_parallel``, which torchtitan's tensor parallelism always runs).
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
 * ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
   is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
@@ -162,6 +168,31 @@ the SFT rows it implies attention over 128, 93 and 21 tokens (7B, 13B, 70B), so 
 documents of about a hundred tokens. The largest of these is used (a test recomputes them);
 a step barely changes between 128 and 512 tokens, where attention is a few percent of it."""
 
+TORCHTITAN_OP_SAC = re.compile(r"\bop AC|per-op SAC|selective\(op\)", re.IGNORECASE)
+"""``notes`` text saying that a torchtitan row's selective checkpointing is op-level.
+
+torchtitan's ``activation_checkpoint.mode = "selective"`` runs its op-level policy by default
+(``selective_ac_option = "op"``): each block keeps the outputs of every other matmul, of the
+attention kernel and of tensor-parallel reduce-scatters, and replays the rest (``op-sac``). Its
+other option checkpoints every other block whole (``selective_ac_option = "2"``, "selective
+layer AC" in the file), which replays about as much: half the GEMMs, and the attention and
+vector ops of half the layers. The file's A100 table measured both on the same runs, 2%
+apart. Every torchtitan ``selective`` row is read as ``op-sac``; where ``notes`` do not match
+this pattern, ``recompute`` is named in ``defaulted_fields``."""
+
+TORCHTITAN_COMPILE_NOTES: tuple[tuple[re.Pattern[str], bool], ...] = (
+    (re.compile(r"torch\.compile"), True),
+    (re.compile(r"\beager\b"), False),
+)
+"""(pattern, ``torch_compile``) pairs read from a torchtitan row's ``notes``, the first match
+wins; its tables compare eager runs with ``torch.compile``. Rows that say neither leave the
+switch to the framework's default.
+
+Asynchronous tensor parallelism ("async TP" in the notes) is not read into ``tp_comm_overlap``:
+torchtitan's runs gain less from it than the composed step, which hides each overlapped
+collective whole, and reading it made the held-out torchtitan source worse (``docs/readers.md``;
+``benchmarks/results/step_transfer_eval.async-tp.md``)."""
+
 SHAPE_FIELDS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Shape columns a row must give for a non-preset ``model`` name to move to ``model_name``."""
 
@@ -184,7 +215,8 @@ _DERIVED_NOTE = "step_ms derived"
 _OUTPUT_EXTRA = (
     "num_experts", "top_k", "model", "model_name", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
     "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu", "source", "source_text",
-    "source_commit", "source_path", "source_row", "device_name", "notes", "document_tokens", "defaulted_fields",
+    "source_commit", "source_path", "source_row", "device_name", "notes", "document_tokens", "torch_compile",
+    "defaulted_fields",
 )  # fmt: skip
 
 
@@ -198,8 +230,8 @@ def read_published_steps(path: str | Path) -> ReadResult:
         ``records``: the run-table columns (:data:`~perfcast.data.tables.RUN_COLUMNS`), then
         ``num_experts, top_k, model, model_name, framework, timing_scope, measured_step_ms, step_ms_basis,
         measured_tokens_per_s_per_gpu, measured_tflops_per_gpu, measured_mfu, source,
-        source_text, source_commit, source_path, source_row, device_name, notes,
-        defaulted_fields`` (see the module docstring). Empty cells stay NaN.
+        source_text, source_commit, source_path, source_row, device_name, notes, document_tokens,
+        torch_compile, defaulted_fields`` (see the module docstring). Empty cells stay NaN.
         ``rejected``: source rows with an unreadable number or no source, as read, with
         ``source_row`` and a ``reason`` naming the field and value.
 
@@ -324,6 +356,20 @@ def _expert_parallel_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
     return fill
 
 
+def _torchtitan_fills(out: pd.DataFrame, notes: pd.Series, framework: pd.Series) -> np.ndarray:
+    """Read torchtitan rows' recomputation and ``torch_compile`` (module docstring); True on the
+    rows whose ``recompute`` is the reader's reading rather than the notes'."""
+    titan = framework.eq("torchtitan").fillna(False).to_numpy(dtype=bool)
+    text = notes.fillna("").astype(str)
+    selective = titan & out["recompute"].eq("selective").fillna(False).to_numpy(dtype=bool)
+    out.loc[selective, "recompute"] = "op-sac"
+    compiled = pd.Series(pd.NA, index=out.index, dtype="boolean")
+    for pattern, value in reversed(TORCHTITAN_COMPILE_NOTES):  # the first pattern wins
+        compiled[titan & text.str.contains(pattern).to_numpy(dtype=bool)] = value
+    out["torch_compile"] = compiled
+    return selective & ~text.str.contains(TORCHTITAN_OP_SAC).to_numpy(dtype=bool)
+
+
 def _packed_document_fills(out: pd.DataFrame, notes: pd.Series) -> np.ndarray:
     """Set ``document_tokens`` of rows whose notes name a :data:`PACKED_DOCUMENT_TOKENS` dataset;
     True where set."""
@@ -345,6 +391,7 @@ def _records(raw: pd.DataFrame, num: pd.DataFrame, text: dict[str, pd.Series]) -
     defaulted = name_defaulted(defaulted, _pipeline_microbatch_fills(out, frameworks), "micro_batch")
     defaulted = name_defaulted(defaulted, _packed_document_fills(out, text["notes"]), "document_tokens")
     defaulted = name_defaulted(defaulted, _expert_parallel_fills(out, text["notes"]), "ep")
+    defaulted = name_defaulted(defaulted, _torchtitan_fills(out, text["notes"], frameworks), "recompute")
     out["model_name"] = out["model"]
     # after the fills: the expert-parallel fill reads the file's num_experts
     out.loc[out["model"].isin(PRESET_MODELS), list(PRESET_STATED_COLUMNS)] = np.nan
