@@ -30,7 +30,10 @@ The floor of any calibration that rescales the composed step's parts: per source
 part of :data:`~perfcast.models.component_factors.COMPONENT_PARTS`) that minimises the MAPE
 of *all* its runs at once (a linear program, in sample), beside the one factor that does.
 No correction that rescales those parts, fitted on any number of the runs, beats this floor
-on the same runs.
+on the same runs. The same two floors for the shipped model as held out (the leave-one-source-out
+GBDT's predictions, and their breakdown as ``calibrate steps`` reads it: the composed shares times
+the model's physical factors, rescaled to its prediction): what a perfect few-shot correction of
+that model could reach.
 
 Writes ``benchmarks/results/step_calibration_eval.json`` and ``.md``.
 
@@ -136,8 +139,8 @@ def main() -> None:
                                  "predictor": predictor, "k": k, **score})  # fmt: skip
     frame = pd.DataFrame(rows)
     summary = frame.groupby(["split", "predictor", "k"])[["mape", "coverage"]].median().reset_index()
-    loso = loso_rows(table, args.seeds)
-    floor = factor_floor(table)
+    loso, held_out = loso_rows(table, args.seeds)
+    floor = factor_floor(table, held_out)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "step_calibration_eval.json").write_text(
         json.dumps({"per_cluster": rows, "summary": summary.to_dict("records"), "loso": loso,
@@ -152,14 +155,18 @@ MIN_CLUSTER_RUNS = 8
 """Smallest (source, GPU) cluster scored under per-cluster pooling."""
 
 
-def loso_rows(table: StepTable, seeds: int) -> list[dict]:
+def loso_rows(table: StepTable, seeds: int) -> tuple[list[dict], np.ndarray]:
     """Per held-out source, predictor, correction, pooling and k: few-shot MAPE and coverage
-    on the source's other runs (per cluster: averaged over the source's clusters)."""
+    on the source's other runs (per cluster: averaged over the source's clusters); and the
+    held-out model's breakdown of every run, ``(runs, parts)`` in ms (:data:`BREAKDOWN_PARTS`
+    present in the runs), summing to its prediction."""
     runs = table.runs
     composed_all = tuple(runs[c].to_numpy() for c in ("step_ms", "step_lo_ms", "step_hi_ms"))
     true_all = runs["measured_step_ms"].to_numpy()
     gpu = runs["gpu"].astype(str).to_numpy()
     rows = []
+    present = [f"{p}_ms" for p in BREAKDOWN_PARTS if f"{p}_ms" in runs]
+    held_out = np.zeros((len(runs), len(present)))
     for source in runs["source"].value_counts().index:
         test = (runs["source"] == source).to_numpy()
         model = fit_step_model(table, ~test, correction_scale=LOSO_SCALE)
@@ -168,6 +175,8 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
         composed_parts = runs.loc[test].reset_index(drop=True)
         # the learned predictor's breakdown: parts times its factors, as it applies them to each run
         learned_parts = model.scale_breakdown(composed_parts, table.features[test])
+        shares = learned_parts[present].fillna(0.0).to_numpy(dtype=float)
+        held_out[test] = shares / shares.sum(axis=1, keepdims=True) * learned[0][:, None]
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
         for predictor, (pred, lo, hi), breakdown in (
@@ -184,7 +193,7 @@ def loso_rows(table: StepTable, seeds: int) -> list[dict]:
                                      "correction": correction, "pooling": pooling, "clusters": len(members), "k": k,
                                      "mape": float(np.nanmean([s["mape"] for s in scores])),
                                      "coverage": float(np.nanmean([s["coverage"] for s in scores]))})  # fmt: skip
-    return rows
+    return rows, held_out
 
 
 def loso_markdown(frame: pd.DataFrame) -> str:
@@ -238,9 +247,10 @@ def min_mape_factors(parts: np.ndarray, true: np.ndarray) -> np.ndarray:
     return result.x[:p]
 
 
-def factor_floor(table: StepTable) -> pd.DataFrame:
+def factor_floor(table: StepTable, held_out: np.ndarray) -> pd.DataFrame:
     """Per source and (source, GPU) cluster of >= MIN_CLUSTER_RUNS runs: in-sample MAPE of the composed step,
-    of the one factor and of the non-negative per-part factors that minimise it (module docstring)."""
+    of the one factor and of the non-negative per-part factors that minimise it, and the same two for the
+    held-out model's breakdown ``held_out`` (:func:`loso_rows`; module docstring)."""
     runs = table.runs
     present = [p for p in BREAKDOWN_PARTS if f"{p}_ms" in runs]
     parts = np.column_stack([runs[f"{p}_ms"].fillna(0.0).to_numpy(dtype=float) for p in present])
@@ -257,10 +267,16 @@ def factor_floor(table: StepTable) -> pd.DataFrame:
     for (pooling, name), mask in groups.items():
         one = min_mape_factors(composed[mask, None], true[mask])
         factors = min_mape_factors(parts[mask], true[mask])
+        model = held_out[mask].sum(axis=1)
+        model_one = min_mape_factors(model[:, None], true[mask])
+        model_factors = min_mape_factors(held_out[mask], true[mask])
         rows.append({"pooling": pooling, "group": name, "n_runs": int(mask.sum()),
                      "composed": mape(composed[mask], true[mask]),
                      "one_factor": mape(one[0] * composed[mask], true[mask]),
                      "part_factors": mape(parts[mask] @ factors, true[mask]),
+                     "model": mape(model, true[mask]),
+                     "model_one_factor": mape(model_one[0] * model, true[mask]),
+                     "model_part_factors": mape(held_out[mask] @ model_factors, true[mask]),
                      **{f"factor_{p}": float(f) for p, f in zip(present, factors, strict=True)}})  # fmt: skip
     return pd.DataFrame(rows)
 
@@ -273,14 +289,17 @@ def floor_markdown(floor: pd.DataFrame) -> str:
         "",
         "MAPE % of the composed step; of the one factor, and of the non-negative factor per breakdown part, "
         "that minimise the group's MAPE with every run of the group known: no calibration that rescales the "
-        "composed step's parts does better on these runs, from any number of them.",
+        "composed step's parts does better on these runs, from any number of them. The last three columns: "
+        "the same for the shipped model held out (leave one source out) and its breakdown.",
         "",
-        "| pooling | group | runs | composed | one factor | per-part factors |",
-        "|---|---|---:|---:|---:|---:|",
+        "| pooling | group | runs | composed | one factor | per-part factors | model held out | one factor "
+        "| per-part factors |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in floor.itertuples():
         lines.append(f"| {r.pooling} | {r.group} | {r.n_runs} | {r.composed:.1f} | {r.one_factor:.1f} | "
-                     f"{r.part_factors:.1f} |")  # fmt: skip
+                     f"{r.part_factors:.1f} | {r.model:.1f} | {r.model_one_factor:.1f} | "
+                     f"{r.model_part_factors:.1f} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
