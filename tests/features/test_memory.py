@@ -110,6 +110,16 @@ def test_lora_keeps_states_only_for_the_adapters():
     assert lora.grads_gib < 0.01 * full.grads_gib and lora.optimizer_gib < 0.01 * full.optimizer_gib
 
 
+def test_fsdp_shards_lora_frozen_weights_as_it_gathers_them():
+    """ZeRO-3 (FSDP) shards every parameter, the frozen base included; stages 1-2 leave weights whole."""
+    llama = TransformerSpec.from_name("llama2-7b")
+    lora = {"finetune": "lora", "lora_rank": 16, "global_batch": 8, "dp": 8}
+    whole, fsdp = (_peak(llama, 8, zero_stage=z, **lora) for z in (1, 3))
+    assert fsdp.weights_gib == pytest.approx(whole.weights_gib / 8, rel=1e-12)
+    one_gpu = _peak(llama, 1, global_batch=1, finetune="lora", lora_rank=16)
+    assert whole.weights_gib == pytest.approx(one_gpu.weights_gib, rel=1e-12)
+
+
 def test_activations_count_in_flight_microbatches_and_logits():
     per_layer = _act(flash_attention=True)
     one = _peak(GPT, 1, micro_batch=B, global_batch=B)

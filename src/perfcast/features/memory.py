@@ -5,8 +5,9 @@ parameter holds 2 bytes of weights, 2 of gradients and 12 of optimizer state (fp
 master weights and two Adam moments); fp32 training holds 4 + 4 + 8. ZeRO stage 1 shards
 the optimizer state over the ``dp*cp`` data-parallel ranks, stage 2 the gradients too,
 stage 3 the weights too; the routed experts' states shard over the ``edp`` expert-data-parallel
-ranks (``tp*cp*dp / (ep*etp)``) instead. LoRA keeps the frozen base weights only, and gradients and
-optimizer state for the adapters.
+ranks (``tp*cp*dp / (ep*etp)``) instead. LoRA keeps the frozen base weights (sharded like the
+weights at stage 3: FSDP shards every parameter, frozen or not, and gathers them per layer as
+the workload graph does), and gradients and optimizer state for the adapters.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models"), generalised to grouped-query attention, gated MLPs and context
@@ -182,9 +183,7 @@ def _memory_parts(inputs: np.ndarray) -> dict[str, np.ndarray]:
     def sharded(dense: np.ndarray, expert: np.ndarray, stage: int) -> np.ndarray:
         return np.where(zero >= stage, dense / dp_ranks + expert / edp_ranks, (dense + expert).astype(float))
 
-    weights = np.where(
-        lora, weight_b * ((full_dense + full_expert) + (dense + expert)), weight_b * sharded(full_dense, full_expert, 3)
-    )
+    weights = weight_b * (sharded(full_dense, full_expert, 3) + np.where(lora, sharded(dense, expert, 3), 0.0))
     grads = grad_b * sharded(dense, expert, 2)
     optimizer = opt_b * sharded(dense, expert, 1)
     activations = x["per_microbatch"].astype(float) * x["in_flight"].astype(float) + x["logits"].astype(float)
