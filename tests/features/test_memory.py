@@ -56,12 +56,22 @@ def test_flash_attention_keeps_no_scores():
 
 
 @pytest.mark.parametrize(
-    ("t", "sp", "expected"), [(1, False, 13 * SBH), (4, False, SBH * (4 + 9 / 4)), (4, True, 13 * SBH / 4)]
+    ("t", "sp", "expected"), [(1, False, 16 * SBH), (4, False, SBH * (2 + 14 / 4)), (4, True, SBH * (6 + 14) / 4)]
 )
-def test_op_sac_keeps_the_input_the_attention_output_and_half_the_matmul_outputs(t, sp, expected):
-    """Per sbh, 16-bit: input 2 and attention output 2; of the matmul outputs (Q, K, V 6, out 2,
-    up 8, down 2: 18) half, 9; the input and the h-wide projections' outputs are whole under tp."""
+def test_op_sac_keeps_the_input_the_attention_output_and_the_odd_matmuls_outputs(t, sp, expected):
+    """Per sbh, 16-bit, the paper's GPT (plain MLP, ffn 4h): the matmuls q k v o up down keep q, v
+    and up (2 + 2 + 8) and the attention output (2), split over tp: 14; the layer input (2) whole,
+    or split with the two reduce-scatter outputs (4 more) under sequence parallelism."""
     assert _act(tp=t, sequence_parallel=sp, recompute="op-sac") == pytest.approx(expected, rel=1e-12)
+
+
+def test_op_sac_keeps_a_gated_mlps_down_projection_whole():
+    """Gated MLP (q k v o gate up down): gate and down are kept; down's output is the partial sum
+    before the reduce-scatter, h wide on every rank."""
+    llama = TransformerSpec.from_name("llama2-7b")
+    p = ParallelConfig(tp=4, sequence_parallel=True, micro_batch=1, global_batch=1, recompute="op-sac")
+    sbh, f = llama.seq_len * llama.hidden_size, llama.ffn_size / llama.hidden_size
+    assert activation_bytes_per_layer(llama, p) == pytest.approx(sbh * ((6 + 2 * (3 + f)) / 4 + 2), rel=1e-12)
 
 
 @pytest.mark.parametrize(("t", "sp", "expected"), [(1, False, 2 * SBH), (4, False, 2 * SBH), (4, True, 2 * SBH / 4)])

@@ -153,23 +153,40 @@ def test_selective_recompute_replays_the_attention_core_only():
     assert _flops(sel, GEMM_OPS) == _flops(none, GEMM_OPS)
 
 
+OP_SAC_REPLAYS = {
+    # GPT (plain MLP): matmuls q k v o up down, the even-numbered (k, o, down) replayed
+    "plain": (GPT, {"attn.qkv": 1 / 3, "attn.out": 1.0, "mlp.down": 1.0}),
+    # Llama (gated MLP): q k v o gate up down, replayed k, o and the up half of the fused gate-up
+    "gated": (TransformerSpec.from_name("llama3-8b").model_copy(update={"num_layers": 2, "seq_len": 256}),
+              {"attn.qkv": 1 / 3, "attn.out": 1.0, "mlp.up": 0.5}),
+}  # fmt: skip
+
+
 @pytest.mark.parametrize("fields", [{}, {"tp": 2, "sequence_parallel": True}])
-def test_op_sac_replays_half_the_gemms_and_every_vector_op(fields):
-    """torchtitan's op-level checkpointing: every other matmul output and the attention output are
-    kept, so a replay holds the layer's vector ops whole and its GEMMs at half their count."""
-    none, sac = _graph(global_batch=2, **fields), _graph(global_batch=2, recompute="op-sac", **fields)
-    fwd = (none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer")
-    layer_fwd_gemm = float(_weighted_flops(none)[fwd & none.nodes["op"].isin(GEMM_OPS)].sum())
-    assert _flops(sac, GEMM_OPS) == pytest.approx(_flops(none, GEMM_OPS) + layer_fwd_gemm / 2, rel=1e-12)
-    assert _flops(sac, ["attention"]) == _flops(none, ["attention"])
+@pytest.mark.parametrize("block", list(OP_SAC_REPLAYS))
+def test_op_sac_replays_the_matmuls_torchtitan_does_not_keep_and_every_vector_op(block, fields):
+    """torchtitan's op-level checkpointing keeps the output of the odd-numbered matmuls of a block,
+    of the attention kernel and of the tp reduce-scatters: a replay holds the layer's vector ops
+    whole and each GEMM node at the share of its matmuls that are even-numbered."""
+    model, shares = OP_SAC_REPLAYS[block]
+    none = _graph(model, global_batch=2, **fields)
+    sac = _graph(model, global_batch=2, recompute="op-sac", **fields)
     replays = _ops(sac, phase="recompute")
-    kept = {"attention", "reducescatter"}  # the attention output and the tp reduce-scatter's are kept
-    expected = _ops(none, phase="fwd", scope="layer")
-    replayed = sorted(replays["name"].str.removesuffix(".recompute"))
-    assert replayed == sorted(expected[~expected["op"].isin(kept)]["name"])
     gemm = replays["op"].isin(GEMM_OPS)
-    assert set(replays[gemm]["repeat"]) == {0.5} and set(replays[~gemm]["repeat"]) == {1.0}
+    assert dict(zip(replays[gemm]["name"].str.removesuffix(".recompute"), replays[gemm]["repeat"], strict=True)) == (
+        pytest.approx(shares)
+    )
+    assert set(replays[~gemm]["repeat"]) == {1.0}
+    kept = {"attention", "reducescatter", *GEMM_OPS}
+    expected = _ops(none, phase="fwd", scope="layer")
+    vector_and_gathers = sorted(replays[~gemm]["name"].str.removesuffix(".recompute"))
+    assert vector_and_gathers == sorted(expected[~expected["op"].isin(kept)]["name"])
     assert ("allgather" in set(replays["op"])) == ("tp" in fields)
+    fwd_flops = _weighted_flops(none)[(none.nodes["phase"] == "fwd") & (none.nodes["scope"] == "layer")]
+    by_name = fwd_flops.groupby(none.nodes["name"]).sum()
+    replayed_gemm = sum(by_name[name] * share for name, share in shares.items())
+    assert _flops(sac, GEMM_OPS) == pytest.approx(_flops(none, GEMM_OPS) + replayed_gemm, rel=1e-12)
+    assert _flops(sac, ["attention"]) == _flops(none, ["attention"])
 
 
 def test_data_parallelism_splits_the_tokens():

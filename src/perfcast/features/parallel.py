@@ -28,12 +28,12 @@ class Recompute(str, Enum):
     """Activation recomputation mode: Megatron's ``selective`` and ``full`` (Korthikanti et al.
     2022), and torchtitan's ``op-sac`` (``activation_checkpoint.mode = "selective"`` with its
     default ``selective_ac_option = "op"``: each layer keeps its attention output, its
-    tensor-parallel reduce-scatter outputs and every other matmul output; backward replays the
-    rest). What each replays is :func:`perfcast.features.workload.replay_weights`."""
+    tensor-parallel reduce-scatter outputs and the output of every other matmul; backward replays
+    the rest). What each replays is :func:`perfcast.features.workload.replay_weights`."""
 
     NONE = "none"
     SELECTIVE = "selective"  # recompute the attention core (scores, softmax, context) only
-    OP_SAC = "op-sac"  # torchtitan's op-level selective checkpointing: replay half the GEMMs and the vector ops
+    OP_SAC = "op-sac"  # torchtitan's op-level selective checkpointing: every other matmul and the vector ops
     FULL = "full"  # keep each layer's input, recompute the whole layer in backward
 
 
@@ -96,8 +96,8 @@ class ParallelConfig(BaseModel):
     layer's compute; ``ep_comm_overlap`` hides the expert all-to-all (dispatch and combine)
     behind the expert GEMMs beside it (Megatron-Core's ``overlap_moe_expert_parallel_comm``,
     DeepSeek's DualPipe: one microbatch's all-to-all beside another's compute);
-    ``cuda_graphs`` removes the host dispatch floor; ``torch_compile`` is
-    recorded but not modelled. The composition rules are in
+    ``cuda_graphs`` removes the host dispatch floor; ``torch_compile`` adds no time to the
+    composed step (the learned step model reads it as a feature). The composition rules are in
     :mod:`perfcast.features.schedule`.
     """
 

@@ -8,7 +8,8 @@ Rules (DESIGN.md decision 4), stated once here:
 
 * Ops of one GPU run one after another on the compute stream. A collective is exposed
   (adds its whole time) unless its node names an ``overlap_with`` node, in which case
-  only the part longer than that node is exposed: ring-attention K/V exchange hides
+  only the part longer than that node is exposed (longer than the node's time per occurrence
+  of the collective, where the two repeat differently: an ``op-sac`` replay): ring-attention K/V exchange hides
   behind the attention it feeds. Tensor-parallel and expert all-to-all transfers are
   exposed, as in Megatron-LM without communication-overlap flags (the switches below).
 * The framework's switches (``docs/frameworks.md``) reach the composition so:
@@ -35,8 +36,8 @@ Rules (DESIGN.md decision 4), stated once here:
     is exposed by ``max(0, a2a - gemm)``, as a TP collective under ``tp_comm_overlap``.
   - ``cuda_graphs``: kernels replay from a captured graph, so the host dispatch floor
     (next rule) is off (``host_ms_per_kernel = 0``).
-  - ``torch_compile`` is not modelled: its fused vector ops would need op times that
-    perfcast does not have.
+  - ``torch_compile`` adds no time here: its fused vector ops would need op times that
+    perfcast does not have (the learned step model reads it as a feature).
 
   Each hidden collective is assumed not to slow the compute it overlaps, and two
   collectives may hide behind the same compute.

@@ -71,8 +71,12 @@ def _exposed(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per node, the time exposed at each occurrence and, for prefetched gathers, the part
     exposed once per microbatch and pass (the first layer's: ``min(g, C)``, None when no
-    node is prefetched), ms; see the schedule rules. ``repeat``: each node's occurrences per layer."""
-    hidden_by = np.where(overlap >= 0, op_ms[np.clip(overlap, 0, None)], 0.0)
+    node is prefetched), ms; see the schedule rules. ``repeat``: each node's occurrences per layer;
+    a node hides behind its partner's time per occurrence of the node (``op_ms * repeat`` of the
+    partner over the node's ``repeat``: a collective replayed on every layer beside a GEMM that
+    ``op-sac`` replays on half of them hides behind half the GEMM)."""
+    partner = np.clip(overlap, 0, None)
+    hidden_by = np.where(overlap >= 0, op_ms[partner] * repeat[partner] / repeat, 0.0)
     prefetched = overlap == OVERLAP_PREVIOUS_LAYER
     once = None
     if prefetched.any():

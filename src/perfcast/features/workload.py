@@ -34,8 +34,8 @@ Layout conventions follow Megatron-LM:
 * LoRA adds rank-``r`` adapters to the attention projections (QKV and output); the base
   weights get no weight-gradient GEMMs, no gradient sync and no optimizer state.
 * Recomputation ``full`` replays the layer's forward ops (collectives included) before
-  its backward; ``selective`` replays the attention core; torchtitan's ``op-sac`` half the
-  GEMMs and the vector ops (:func:`replay_weights`).
+  its backward; ``selective`` replays the attention core; torchtitan's ``op-sac`` every other
+  matmul and the vector ops (:func:`replay_weights`).
 """
 
 from __future__ import annotations
@@ -187,11 +187,9 @@ def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
             p.last_stage_layers)  # fmt: skip
 
 
-OP_SAC_GEMM_REPLAY = 0.5
-"""Share of a layer's GEMMs that ``op-sac`` replays (times each GEMM node is replayed per layer):
-torchtitan's policy (``torchtitan/models/llama3/infra/parallelize.py``, ``_save_list``) keeps the
-output of every other matmul, counting matmuls over the whole forward, so over two layers each
-GEMM of the template is replayed once."""
+OP_SAC_GATED_PROJECTIONS = {"mlp.up": "mlp.gate_mul", "moe.up": "moe.gate_mul", "moe.shared_up": "moe.shared_gate_mul"}
+"""GEMM nodes that fuse two matmuls (gate and up projection) where their scope holds the named
+gate multiply (a gated MLP); ``attn.qkv`` fuses three (Q, K, V); any other GEMM node is one."""
 
 
 def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
@@ -202,9 +200,11 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
     Replayed are forward nodes of a layer (dense or MoE), except what the backward still has at
     hand: the ZeRO-3 weight gather and the context-parallel K/V exchange. Of those,
     ``full`` replays every node (collectives included, as Megatron's full recomputation does),
-    ``selective`` the attention core only, ``op-sac`` (torchtitan) every node but the attention
-    core and the tensor-parallel reduce-scatters and all-reduces (their outputs are kept), GEMMs
-    at :data:`OP_SAC_GEMM_REPLAY`.
+    ``selective`` the attention core only, ``op-sac`` (torchtitan) every node but the fused
+    attention kernel and the tensor-parallel reduce-scatters and all-reduces (their outputs are
+    kept), and of the weight GEMMs the matmuls torchtitan's policy does not keep
+    (:func:`_op_sac_gemm_replay`); an unfused attention core (batched matmuls and softmax, which
+    the policy neither counts nor keeps) is replayed whole.
     """
     names = np.asarray(nodes["name"]).astype(str)
     replay = (np.asarray(nodes["phase"]) == Phase.FORWARD) & np.isin(nodes["scope"], [Scope.LAYER, Scope.MOE_LAYER])
@@ -217,10 +217,39 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
         weights[~attention] = 0.0
     elif recompute is Recompute.OP_SAC:
         ops, tp = np.asarray(nodes["op"]), np.asarray(nodes["group"]) == Group.TP
-        kept = attention | (tp & np.isin(ops, [OpType.REDUCESCATTER.value, OpType.ALLREDUCE.value]))
+        reduced = tp & np.isin(ops, [OpType.REDUCESCATTER.value, OpType.ALLREDUCE.value])
+        kept = (ops == OpType.ATTENTION.value) | reduced
         weights[kept] = 0.0
-        weights[np.isin(ops, [op.value for op in GEMM_OPS])] *= OP_SAC_GEMM_REPLAY
+        gemm = np.isin(ops, [op.value for op in GEMM_OPS]) & ~attention  # weight GEMMs
+        weights[gemm] *= _op_sac_gemm_replay(names, np.asarray(nodes["scope"]), gemm & (weights > 0))[gemm]
     return weights
+
+
+def _op_sac_gemm_replay(names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray) -> np.ndarray:
+    """Per node, the share of its matmuls that torchtitan's op-level policy replays, for the
+    ``gemm`` nodes (the rest of the array is unused).
+
+    The policy (``torchtitan/models/llama3/infra/parallelize.py``, ``_apply_ac_to_transformer_block``)
+    counts the block's matmuls afresh on each forward and keeps the output of the odd-numbered ones:
+    in a Llama block (``wq wk wv wo w1 w3 w2``) it replays ``wk``, ``wo`` and the up projection
+    ``w3``; in a plain-MLP block (``wq wk wv wo up down``) ``wk``, ``wo`` and ``down``. Here each
+    layer scope counts its GEMM nodes in forward order, a fused node as its matmuls
+    (:data:`OP_SAC_GATED_PROJECTIONS`), with an equal share of the node's time each (exact for
+    multi-head attention's Q, K, V and for gate and up; grouped-query K is narrower than a third).
+    Latent attention, expert and adapter GEMMs count one matmul per node, in node order; torchao's
+    float8 GEMMs are counted like the others, though the policy's version decides whether it sees them.
+    """
+    share = np.zeros(len(names))
+    for scope in (Scope.LAYER, Scope.MOE_LAYER):
+        in_scope = scopes == scope
+        present = set(names[in_scope].tolist())
+        count = 0
+        for i in np.flatnonzero(gemm & in_scope):
+            name = str(names[i])
+            matmuls = 3 if name == "attn.qkv" else (2 if OP_SAC_GATED_PROJECTIONS.get(name) in present else 1)
+            share[i] = sum(1 for j in range(count + 1, count + matmuls + 1) if j % 2 == 0) / matmuls
+            count += matmuls
+    return share
 
 
 def body_variant(
