@@ -90,6 +90,12 @@ def test_torchtitan_tensor_parallelism_is_sequence_parallel_unless_stated():
     assert not parse_run_row({**unstated, "framework": "nemo"}).parallel.sequence_parallel  # Megatron: a flag
 
 
+def test_torchtitan_refuses_megatrons_selective_recomputation():
+    with pytest.raises(SpecError, match=r"recompute=selective with framework=torchtitan: .*state recompute=op-sac"):
+        parse_run_row({**RUN, "framework": "torchtitan", "recompute": "selective"})
+    assert parse_run_row({**RUN, "framework": "torchtitan", "recompute": "op-sac"}).parallel.recompute.value == "op-sac"
+
+
 def test_unstated_framework_is_the_documented_default_and_named():
     config = parse_run_row(RUN)
     assert config.parallel.framework is DEFAULT_FRAMEWORK is Framework.MEGATRON_DEEPSPEED

@@ -155,6 +155,10 @@ def test_a_stated_framework_fills_its_overlaps_and_tries_its_zero_stages() -> No
         search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="nope")
     with pytest.raises(SpecError, match="JAX/XLA stack"):
         search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="maxtext")
+    megatron_modes = LayoutSpace(recompute=(Recompute.NONE, Recompute.SELECTIVE))
+    with pytest.raises(SpecError, match="recompute=selective with framework=torchtitan"):
+        search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 8, 32, predictor=analytic, framework="titan",
+                       space=megatron_modes)  # fmt: skip
 
 
 def test_cli_search_states_the_framework() -> None:

@@ -150,6 +150,17 @@ class ParallelConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_torchtitan_recompute(self) -> ParallelConfig:
+        """torchtitan has no Megatron-style selective recomputation: its ``selective`` is ``op-sac``."""
+        if self.framework is Framework.TORCHTITAN and self.recompute is Recompute.SELECTIVE:
+            raise SpecError(
+                "recompute=selective with framework=torchtitan: torchtitan's selective activation checkpointing "
+                "is op-level (each block keeps every other matmul output), not Megatron's attention-core "
+                "recomputation; state recompute=op-sac, or full or none"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_pipeline_split_fields(self) -> ParallelConfig:
         """The uneven-pipeline switches' own rules (see :func:`pipeline_split`)."""
         stated = [(n, v) for n, v in (("first_stage_layers", self.first_stage_layers),

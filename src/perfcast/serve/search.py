@@ -26,8 +26,8 @@ from perfcast.features.frameworks import SEARCH_RECOMPUTE, SEARCH_ZERO_STAGES, F
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
-from perfcast.features.parallel import Finetune, Recompute
-from perfcast.features.run_config import DEFAULTED_COLUMN, filled_lora_rank
+from perfcast.features.parallel import Finetune, ParallelConfig, Recompute
+from perfcast.features.run_config import DEFAULTED_COLUMN, filled_lora_rank, validate_spec
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_table
 
@@ -100,7 +100,8 @@ def search_layouts(
         ``usd_per_million_tokens`` with a price), plus ``rank``.
 
     Raises:
-        SpecError: an unknown model, GPU or framework, a GPU without the dtype, a bad count, a
+        SpecError: an unknown model, GPU or framework, a ``space`` recomputation the framework
+            does not run (Megatron's ``selective`` with torchtitan), a GPU without the dtype, a bad count, a
             price that is not a positive finite number, more than ``max_layouts`` layouts, or no
             layout that fits in memory.
     """
@@ -125,6 +126,9 @@ def search_layouts(
     if space is None and stated is not None:
         space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stated],
                             recompute=tuple(Recompute(r) for r in SEARCH_RECOMPUTE[stated]))  # fmt: skip
+    if space is not None and stated is not None:  # a recomputation the framework lacks: refused before any work
+        for recompute in space.recompute:
+            validate_spec(ParallelConfig, {"framework": stated, "recompute": recompute, "global_batch": 1}, "space")
     filled = filled_lora_rank(tune, lora_rank)
     rank = lora_rank if filled is None else filled
     rows, n_layouts, n_oom = [], 0, 0
