@@ -59,10 +59,13 @@ def test_flash_attention_keeps_no_scores():
     ("t", "sp", "expected"), [(1, False, 16 * SBH), (4, False, SBH * (2 + 14 / 4)), (4, True, SBH * (6 + 14) / 4)]
 )
 def test_op_sac_keeps_the_input_the_attention_output_and_the_odd_matmuls_outputs(t, sp, expected):
-    """Per sbh, 16-bit, the paper's GPT (plain MLP, ffn 4h): the matmuls q k v o up down keep q, v
-    and up (2 + 2 + 8) and the attention output (2), split over tp: 14; the layer input (2) whole,
-    or split with the two reduce-scatter outputs (4 more) under sequence parallelism."""
-    assert _act(tp=t, sequence_parallel=sp, recompute="op-sac") == pytest.approx(expected, rel=1e-12)
+    """Per sbh, 16-bit, the paper's GPT (plain MLP, ffn 4h) with fused attention: the matmuls
+    q k v o up down keep q, v and up (2 + 2 + 8) and the attention output (2), split over tp: 14;
+    the layer input (2) whole, or split with the two reduce-scatter outputs (4 more) under
+    sequence parallelism. An unfused attention core is replayed, its output not kept."""
+    sac = {"tp": t, "sequence_parallel": sp, "recompute": "op-sac"}
+    assert _act(**sac, flash_attention=True) == pytest.approx(expected, rel=1e-12)
+    assert _act(**sac) == pytest.approx(expected - 2 * SBH / t, rel=1e-12)
 
 
 def test_op_sac_keeps_a_gated_mlps_down_projection_whole():

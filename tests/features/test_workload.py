@@ -189,6 +189,30 @@ def test_op_sac_replays_the_matmuls_torchtitan_does_not_keep_and_every_vector_op
     assert _flops(sac, ["attention"]) == _flops(none, ["attention"])
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("mixtral-8x7b", {"moe_layer": {"attn.qkv": 1 / 3, "attn.out": 1.0, "moe.up": 1.0, "moe.down": 1.0}}),
+        ("deepseek-v3", {  # latent attention q_down q_up kv_down kv_up out, then the MLP or router + shared
+            "layer": {"attn.q_up": 1.0, "attn.kv_up": 1.0, "mlp.up": 0.5, "mlp.down": 1.0},
+            "moe_layer": {"attn.q_up": 1.0, "attn.kv_up": 1.0, "moe.router": 1.0, "moe.shared_up": 0.5,
+                          "moe.up": 1.0, "moe.down": 1.0},
+        }),
+    ],
+)  # fmt: skip
+def test_op_sac_replays_routed_experts_whole_and_counts_the_other_matmuls_per_layer(name, expected):
+    """Each layer counts its own matmuls (latent attention's five, the router, the shared experts'
+    gate-up and down); the routed experts' grouped matmuls are neither counted nor kept."""
+    model = TransformerSpec.from_name(name)
+    sac = _graph(model, ep=8, dp=8, global_batch=8, recompute="op-sac")
+    replays = _ops(sac, phase="recompute")
+    gemm = replays[replays["op"].isin(GEMM_OPS)]
+    for scope, shares in expected.items():
+        got = gemm[gemm["scope"] == scope]
+        names = got["name"].str.removesuffix(".recompute")
+        assert dict(zip(names, got["repeat"], strict=True)) == pytest.approx(shares)
+
+
 def test_data_parallelism_splits_the_tokens():
     one, four = _graph(global_batch=8), _graph(dp=4, global_batch=8)
     assert one.num_microbatches == 8 and four.num_microbatches == 2

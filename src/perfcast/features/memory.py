@@ -19,12 +19,11 @@ parallelism; ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` with tensor parallelism;
 the ``5*a*s/h`` attention term, and so does FlashAttention (``flash_attention=True``,
 the default), which never stores the scores; full recomputation keeps only the layer input,
 ``2*s*b*h`` (divided by ``t`` with sequence parallelism). torchtitan's ``op-sac`` keeps the
-layer input, the attention output, the reduce-scatter outputs (with sequence parallelism) and
-the outputs of the matmuls its policy does not replay (:func:`~perfcast.features.workload.replay_weights`;
-an unfused attention core is replayed, its scores not kept):
-Q, V and the MLP's first projection (the gate of a gated MLP), split over ``t``, and in a gated
-MLP the down projection's, ``2*s*b*h`` whole on every rank (the partial sum before its
-reduce-scatter). The first pipeline stage holds
+layer input, the fused attention output, the reduce-scatter outputs (with sequence
+parallelism) and the outputs of the matmuls its policy does not replay, read off the layer's
+nodes (:func:`~perfcast.features.workload.op_sac_kept_bytes`): in a Llama block Q, V and the
+gate, split over ``t``, and the down projection's, ``2*s*b*h`` whole on every rank (the
+partial sum before its reduce-scatter). The first pipeline stage holds
 ``min(m, pp)`` microbatches in flight under 1F1B, times ``1 + (pp-1)/(pp*vpp)`` when
 interleaved.
 
@@ -51,7 +50,7 @@ from perfcast.features.cluster import ClusterSpec
 from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, padded_vocab_size
 from perfcast.features.run_config import RunConfig
-from perfcast.features.workload import layers_per_rank, trainable_params_per_rank
+from perfcast.features.workload import layers_per_rank, op_sac_kept_bytes, trainable_params_per_rank
 
 GIB = 1024**3
 USABLE_MEMORY_FRACTION = 0.9
@@ -96,14 +95,8 @@ def activation_bytes_per_layer(model: TransformerSpec, parallel: ParallelConfig,
     mlp_inner = (6.0 if model.gated_mlp else 4.0) * tokens * ffn * routed  # act input(s) and down-proj input
     if moe and model.num_shared_experts:
         mlp_inner += (6.0 if model.gated_mlp else 4.0) * tokens * model.shared_expert_ffn_size
-    if p.recompute is Recompute.OP_SAC:  # 16-bit kept outputs (module docstring)
-        first_projection = mlp_inner / (3.0 if model.gated_mlp else 2.0)  # bytes of one FFN-wide output
-        attention_out = model.num_heads * model.v_head_size
-        split = 2.0 * tokens * (q_width + model.kv_heads * model.v_head_size + attention_out) + first_projection
-        down = 2.0 * sbh if model.gated_mlp else 0.0
-        if p.sequence_parallel and t > 1:  # the input and the two reduce-scatter outputs, split
-            return (3 * 2.0 * sbh + split) / t + down
-        return 2.0 * sbh + split / t + down
+    if p.recompute is Recompute.OP_SAC:
+        return op_sac_kept_bytes(model, p, moe=moe)
     # Q, K, V, the context (output-projection input) and the MLP inner tensors split over tp.
     split = 2.0 * tokens * (2 * q_width + 2 * kv_width) + mlp_inner
     replicated = 10.0 * sbh  # two norm inputs, QKV and MLP inputs, two dropout masks

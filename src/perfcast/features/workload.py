@@ -103,17 +103,7 @@ def build_workload_graph(model: TransformerSpec, parallel: ParallelConfig, clust
     """
     check_layout(model, parallel, cluster)
     p, g = parallel, cluster.nvlink_domain
-    sp = p.sequence_parallel and p.tp > 1
-    tokens = p.micro_batch * model.seq_len // p.cp
-    ctx = MicrobatchSizes(
-        tokens=tokens,
-        hidden=model.hidden_size,
-        vec_rows=tokens // p.tp if sp else tokens,
-        act_bytes=max(p.dtype.bytes_per_element, 2),
-        tp=p.tp,
-        sp=sp,
-        tp_rpn=group_placement(p, g)[Group.TP][1],
-    )
+    ctx = microbatch_sizes(model, p, g)
     b = NodeBuilder(p.dtype)
 
     ranks = layers_per_rank(model, p)
@@ -156,6 +146,47 @@ def build_workload_graph(model: TransformerSpec, parallel: ParallelConfig, clust
     )
 
 
+def microbatch_sizes(model: TransformerSpec, parallel: ParallelConfig, nvlink_domain: int) -> MicrobatchSizes:
+    """Per-rank tensor sizes of one microbatch of ``parallel`` (ranks of one NVLink domain place the
+    tensor-parallel group)."""
+    p = parallel
+    sp = p.sequence_parallel and p.tp > 1
+    tokens = p.micro_batch * model.seq_len // p.cp
+    return MicrobatchSizes(
+        tokens=tokens,
+        hidden=model.hidden_size,
+        vec_rows=tokens // p.tp if sp else tokens,
+        act_bytes=max(p.dtype.bytes_per_element, 2),
+        tp=p.tp,
+        sp=sp,
+        tp_rpn=group_placement(p, nvlink_domain)[Group.TP][1],
+    )
+
+
+def op_sac_kept_bytes(model: TransformerSpec, parallel: ParallelConfig, *, moe: bool = False) -> float:
+    """Activation bytes one layer keeps for backward under ``op-sac``, per microbatch per GPU: the
+    16-bit outputs of what :func:`replay_weights` does not replay, read off the layer's forward
+    nodes (each GEMM node's output times its kept share, the fused attention output, the
+    tensor-parallel reduce-scatter outputs), plus the layer's input."""
+    p = parallel.model_copy(update={"recompute": Recompute.OP_SAC})
+    ctx = microbatch_sizes(model, p, max(p.tp, 1))
+    b = NodeBuilder(p.dtype)
+    ids = add_layer_forward(b, model, p, ctx, max(p.tp, 1), moe=moe)
+    rows = [b.rows[i] for i in ids]
+    nodes = {c: np.array([r[c] for r in rows], dtype=object) for c in ("name", "phase", "scope", "group", "op")}
+    kept = 1.0 - replay_weights(nodes, Recompute.OP_SAC)
+    total = 2.0 * ctx.vec_rows * ctx.hidden  # the layer input
+    gemms = {op.value for op in GEMM_OPS}
+    for row, share in zip(rows, kept, strict=True):
+        if row["op"] in gemms and not row["name"].startswith("attn.core"):
+            total += 2.0 * share * row["batch"] * row["m"] * row["n"]
+        elif row["op"] == OpType.ATTENTION.value:
+            total += 2.0 * ctx.tokens * (model.num_heads // p.tp) * model.v_head_size
+        elif row["op"] == OpType.REDUCESCATTER.value and row["group"] == Group.TP:
+            total += 2.0 * ctx.vec_rows * ctx.hidden
+    return total
+
+
 def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...]:
     """What a graph's per-microbatch nodes (all but the ``step`` scope) depend on besides the
     model, apart from ``vpp`` and ``recompute`` (:func:`body_variant` applies those): configs
@@ -187,9 +218,11 @@ def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
             p.last_stage_layers)  # fmt: skip
 
 
-OP_SAC_GATED_PROJECTIONS = {"mlp.up": "mlp.gate_mul", "moe.up": "moe.gate_mul", "moe.shared_up": "moe.shared_gate_mul"}
+OP_SAC_GATED_PROJECTIONS = {"mlp.up": "mlp.gate_mul", "moe.shared_up": "moe.shared_gate_mul"}
 """GEMM nodes that fuse two matmuls (gate and up projection) where their scope holds the named
 gate multiply (a gated MLP); ``attn.qkv`` fuses three (Q, K, V); any other GEMM node is one."""
+ROUTED_EXPERT_GEMMS = frozenset({"moe.up", "moe.down"})
+"""The routed experts' GEMM nodes of an MoE layer (one grouped matmul each, whatever the experts per rank)."""
 
 
 def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.ndarray:
@@ -236,15 +269,19 @@ def _op_sac_gemm_replay(names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray)
     layer scope counts its GEMM nodes in forward order, a fused node as its matmuls
     (:data:`OP_SAC_GATED_PROJECTIONS`), with an equal share of the node's time each (exact for
     multi-head attention's Q, K, V and for gate and up; grouped-query K is narrower than a third).
-    Latent attention, expert and adapter GEMMs count one matmul per node, in node order; torchao's
-    float8 GEMMs are counted like the others, though the policy's version decides whether it sees them.
+    Latent attention, router, shared-expert and adapter GEMMs count one matmul per node, in node
+    order. The routed experts' GEMMs (:data:`ROUTED_EXPERT_GEMMS`: a grouped matmul, which the
+    policy neither counts nor keeps) are replayed whole. torchao's float8 GEMMs are counted like
+    the others, though the policy's version decides whether it sees them.
     """
     share = np.zeros(len(names))
+    grouped = np.isin(names, list(ROUTED_EXPERT_GEMMS))
+    share[gemm & grouped] = 1.0
     for scope in (Scope.LAYER, Scope.MOE_LAYER):
         in_scope = scopes == scope
         present = set(names[in_scope].tolist())
         count = 0
-        for i in np.flatnonzero(gemm & in_scope):
+        for i in np.flatnonzero(gemm & in_scope & ~grouped):
             name = str(names[i])
             matmuls = 3 if name == "attn.qkv" else (2 if OP_SAC_GATED_PROJECTIONS.get(name) in present else 1)
             share[i] = sum(1 for j in range(count + 1, count + matmuls + 1) if j % 2 == 0) / matmuls
