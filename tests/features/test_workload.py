@@ -156,9 +156,10 @@ def test_selective_recompute_replays_the_attention_core_only():
 OP_SAC_REPLAYS = {
     # GPT (plain MLP): matmuls q k v o up down, the even-numbered (k, o, down) replayed
     "plain": (GPT, {"attn.qkv": 1 / 3, "attn.out": 1.0, "mlp.down": 1.0}),
-    # Llama (gated MLP): q k v o gate up down, replayed k, o and the up half of the fused gate-up
+    # Llama (gated MLP): q k v o gate up down, replayed k, o and the up half of the fused gate-up;
+    # grouped-query K (8 of 32 + 8 + 8 heads wide) is a sixth of the fused QKV
     "gated": (TransformerSpec.from_name("llama3-8b").model_copy(update={"num_layers": 2, "seq_len": 256}),
-              {"attn.qkv": 1 / 3, "attn.out": 1.0, "mlp.up": 0.5}),
+              {"attn.qkv": 1 / 6, "attn.out": 1.0, "mlp.up": 0.5}),
 }  # fmt: skip
 
 
@@ -192,7 +193,7 @@ def test_op_sac_replays_the_matmuls_torchtitan_does_not_keep_and_every_vector_op
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("mixtral-8x7b", {"moe_layer": {"attn.qkv": 1 / 3, "attn.out": 1.0, "moe.up": 1.0, "moe.down": 1.0}}),
+        ("mixtral-8x7b", {"moe_layer": {"attn.qkv": 1 / 6, "attn.out": 1.0, "moe.up": 1.0, "moe.down": 1.0}}),
         ("deepseek-v3", {  # latent attention q_down q_up kv_down kv_up out, then the MLP or router + shared
             "layer": {"attn.q_up": 1.0, "attn.kv_up": 1.0, "mlp.up": 0.5, "mlp.down": 1.0},
             "moe_layer": {"attn.q_up": 1.0, "attn.kv_up": 1.0, "moe.router": 1.0, "moe.shared_up": 0.5,

@@ -173,8 +173,8 @@ def op_sac_kept_bytes(model: TransformerSpec, parallel: ParallelConfig, *, moe: 
     b = NodeBuilder(p.dtype)
     ids = add_layer_forward(b, model, p, ctx, max(p.tp, 1), moe=moe)
     rows = [b.rows[i] for i in ids]
-    nodes = {c: np.array([r[c] for r in rows], dtype=object) for c in ("name", "phase", "scope", "group", "op")}
-    kept = 1.0 - replay_weights(nodes, Recompute.OP_SAC)
+    kept = 1.0 - replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in REPLAY_COLUMNS},
+                                Recompute.OP_SAC)  # fmt: skip
     total = 2.0 * ctx.vec_rows * ctx.hidden  # the layer input
     gemms = {op.value for op in GEMM_OPS}
     for row, share in zip(rows, kept, strict=True):
@@ -221,6 +221,8 @@ def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
 OP_SAC_GATED_PROJECTIONS = {"mlp.up": "mlp.gate_mul", "moe.shared_up": "moe.shared_gate_mul"}
 """GEMM nodes that fuse two matmuls (gate and up projection) where their scope holds the named
 gate multiply (a gated MLP); ``attn.qkv`` fuses three (Q, K, V); any other GEMM node is one."""
+REPLAY_COLUMNS = ("name", "phase", "scope", "group", "op", "heads", "kv_heads")
+"""The node columns :func:`replay_weights` reads."""
 ROUTED_EXPERT_GEMMS = frozenset({"moe.up", "moe.down"})
 """The routed experts' GEMM nodes of an MoE layer (one grouped matmul each, whatever the experts per rank)."""
 
@@ -229,6 +231,8 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
     """How often ``recompute`` replays each row of ``nodes`` before its layer's backward, per
     occurrence of the row (0: not replayed); ``nodes`` are a graph's nodes built without
     recomputation (or a layer's forward rows).
+
+    ``nodes`` hold at least the columns :data:`REPLAY_COLUMNS`.
 
     Replayed are forward nodes of a layer (dense or MoE), except what the backward still has at
     hand: the ZeRO-3 weight gather and the context-parallel K/V exchange. Of those,
@@ -254,11 +258,27 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
         kept = (ops == OpType.ATTENTION.value) | reduced
         weights[kept] = 0.0
         gemm = np.isin(ops, [op.value for op in GEMM_OPS]) & ~attention  # weight GEMMs
-        weights[gemm] *= _op_sac_gemm_replay(names, np.asarray(nodes["scope"]), gemm & (weights > 0))[gemm]
+        scopes = np.asarray(nodes["scope"])
+        key_share = _key_share(ops, scopes, np.asarray(nodes["heads"]), np.asarray(nodes["kv_heads"]))
+        weights[gemm] *= _op_sac_gemm_replay(names, scopes, gemm & (weights > 0), key_share)[gemm]
     return weights
 
 
-def _op_sac_gemm_replay(names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray) -> np.ndarray:
+def _key_share(ops: np.ndarray, scopes: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray) -> dict[str, float]:
+    """Per layer scope, K's share of the fused QKV GEMM, ``kv / (heads + 2 kv)`` over the scope's fused
+    attention nodes (grouped-query attention); a third where the scope has none (unfused attention)."""
+    share = {}
+    for scope in (Scope.LAYER, Scope.MOE_LAYER):
+        fused = (scopes == scope) & (ops == OpType.ATTENTION.value)
+        q, kv = heads[fused].astype(float), kv_heads[fused].astype(float)
+        q, kv = float(q.sum()), float(np.where(kv > 0, kv, q).sum())  # kv_heads 0: as many as heads
+        share[scope] = kv / (q + 2 * kv) if q > 0 else 1 / 3
+    return share
+
+
+def _op_sac_gemm_replay(
+    names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray, key_share: Mapping[str, float]
+) -> np.ndarray:
     """Per node, the share of its matmuls that torchtitan's op-level policy replays, for the
     ``gemm`` nodes (the rest of the array is unused).
 
@@ -267,8 +287,8 @@ def _op_sac_gemm_replay(names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray)
     in a Llama block (``wq wk wv wo w1 w3 w2``) it replays ``wk``, ``wo`` and the up projection
     ``w3``; in a plain-MLP block (``wq wk wv wo up down``) ``wk``, ``wo`` and ``down``. Here each
     layer scope counts its GEMM nodes in forward order, a fused node as its matmuls
-    (:data:`OP_SAC_GATED_PROJECTIONS`), with an equal share of the node's time each (exact for
-    multi-head attention's Q, K, V and for gate and up; grouped-query K is narrower than a third).
+    (:data:`OP_SAC_GATED_PROJECTIONS`): gate and up an equal share each, Q, K and V their widths'
+    (``key_share``, from :func:`_key_share`: grouped-query K is narrower than a third).
     Latent attention, router, shared-expert and adapter GEMMs count one matmul per node, in node
     order. The routed experts' GEMMs (:data:`ROUTED_EXPERT_GEMMS`: a grouped matmul, which the
     policy neither counts nor keeps) are replayed whole. torchao's float8 GEMMs are counted like
@@ -283,9 +303,13 @@ def _op_sac_gemm_replay(names: np.ndarray, scopes: np.ndarray, gemm: np.ndarray)
         count = 0
         for i in np.flatnonzero(gemm & in_scope & ~grouped):
             name = str(names[i])
-            matmuls = 3 if name == "attn.qkv" else (2 if OP_SAC_GATED_PROJECTIONS.get(name) in present else 1)
-            share[i] = sum(1 for j in range(count + 1, count + matmuls + 1) if j % 2 == 0) / matmuls
-            count += matmuls
+            if name == "attn.qkv":  # Q, K, V: K is the second matmul, with its own width
+                k = key_share[scope]
+                parts = (1 - 2 * k, k, k)
+            else:
+                parts = (0.5, 0.5) if OP_SAC_GATED_PROJECTIONS.get(name) in present else (1.0,)
+            share[i] = sum(w for j, w in enumerate(parts, start=count + 1) if j % 2 == 0)
+            count += len(parts)
     return share
 
 
@@ -445,8 +469,7 @@ def _add_recompute(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> Non
     """Append the replays of the layer forward nodes ``fwd_ids`` that ``p.recompute`` replays
     (:func:`replay_weights`), each with its repeat times its replay weight."""
     rows = [b.rows[node] for node in fwd_ids]
-    weights = replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in ("name", "phase", "scope",
-                                                                                        "group", "op")}, p.recompute)
+    weights = replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in REPLAY_COLUMNS}, p.recompute)
     replay_of: dict[int, int] = {}
     for node, row, weight in zip(fwd_ids, rows, weights, strict=True):
         if weight == 0.0:
