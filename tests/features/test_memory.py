@@ -68,6 +68,15 @@ def test_op_sac_keeps_the_input_the_attention_output_and_the_odd_matmuls_outputs
     assert _act(**sac) == pytest.approx(expected - 2 * SBH / t, rel=1e-12)
 
 
+def test_op_sac_counts_a_windowed_layers_attention_output_once():
+    """gpt-oss splits a layer's heads into windowed and full attention nodes: their outputs add up to
+    one attention output, as without the window."""
+    gpt_oss = TransformerSpec.from_name("gpt-oss-20b")
+    p = ParallelConfig(micro_batch=1, global_batch=1, recompute="op-sac")
+    unwindowed = gpt_oss.model_copy(update={"sliding_window": None})
+    assert activation_bytes_per_layer(gpt_oss, p, moe=True) == activation_bytes_per_layer(unwindowed, p, moe=True)
+
+
 def test_op_sac_keeps_a_gated_mlps_down_projection_whole():
     """Gated MLP (q k v o gate up down): gate and down are kept; down's output is the partial sum
     before the reduce-scatter, h wide on every rank."""

@@ -180,8 +180,8 @@ def op_sac_kept_bytes(model: TransformerSpec, parallel: ParallelConfig, *, moe: 
     for row, share in zip(rows, kept, strict=True):
         if row["op"] in gemms and not row["name"].startswith("attn.core"):
             total += 2.0 * share * row["batch"] * row["m"] * row["n"]
-        elif row["op"] == OpType.ATTENTION.value:
-            total += 2.0 * ctx.tokens * (model.num_heads // p.tp) * model.v_head_size
+        elif row["op"] == OpType.ATTENTION.value:  # one node per part of the heads (windowed or full)
+            total += 2.0 * ctx.tokens * row["heads"] * model.v_head_size
         elif row["op"] == OpType.REDUCESCATTER.value and row["group"] == Group.TP:
             total += 2.0 * ctx.vec_rows * ctx.hidden
     return total
@@ -221,7 +221,7 @@ def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
 OP_SAC_GATED_PROJECTIONS = {"mlp.up": "mlp.gate_mul", "moe.shared_up": "moe.shared_gate_mul"}
 """GEMM nodes that fuse two matmuls (gate and up projection) where their scope holds the named
 gate multiply (a gated MLP); ``attn.qkv`` fuses three (Q, K, V); any other GEMM node is one."""
-REPLAY_COLUMNS = ("name", "phase", "scope", "group", "op", "heads", "kv_heads")
+REPLAY_COLUMNS = ("name", "phase", "scope", "group", "op", "heads", "head_dim", "n")
 """The node columns :func:`replay_weights` reads."""
 ROUTED_EXPERT_GEMMS = frozenset({"moe.up", "moe.down"})
 """The routed experts' GEMM nodes of an MoE layer (one grouped matmul each, whatever the experts per rank)."""
@@ -259,20 +259,29 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
         weights[kept] = 0.0
         gemm = np.isin(ops, [op.value for op in GEMM_OPS]) & ~attention  # weight GEMMs
         scopes = np.asarray(nodes["scope"])
-        key_share = _key_share(ops, scopes, np.asarray(nodes["heads"]), np.asarray(nodes["kv_heads"]))
+        key_share = _key_share(names, ops, scopes, nodes)
         weights[gemm] *= _op_sac_gemm_replay(names, scopes, gemm & (weights > 0), key_share)[gemm]
     return weights
 
 
-def _key_share(ops: np.ndarray, scopes: np.ndarray, heads: np.ndarray, kv_heads: np.ndarray) -> dict[str, float]:
-    """Per layer scope, K's share of the fused QKV GEMM, ``kv / (heads + 2 kv)`` over the scope's fused
-    attention nodes (grouped-query attention); a third where the scope has none (unfused attention)."""
+def _key_share(
+    names: np.ndarray, ops: np.ndarray, scopes: np.ndarray, nodes: Mapping[str, np.ndarray]
+) -> dict[str, float]:
+    """Per layer scope, K's share of the fused QKV GEMM, ``kv / (heads + 2 kv)`` (grouped-query
+    attention): the QKV node's width in heads (its ``n`` over the attention's ``head_dim``) less
+    the query heads of the scope's forward fused attention nodes (one per windowed or full part) is
+    ``2 kv``; a third where the scope has no fused attention (unfused) or no QKV node."""
+    heads, head_dim, width = (np.asarray(nodes[c]).astype(float) for c in ("heads", "head_dim", "n"))
+    forward = np.asarray(nodes["phase"]) == Phase.FORWARD
     share = {}
     for scope in (Scope.LAYER, Scope.MOE_LAYER):
-        fused = (scopes == scope) & (ops == OpType.ATTENTION.value)
-        q, kv = heads[fused].astype(float), kv_heads[fused].astype(float)
-        q, kv = float(q.sum()), float(np.where(kv > 0, kv, q).sum())  # kv_heads 0: as many as heads
-        share[scope] = kv / (q + 2 * kv) if q > 0 else 1 / 3
+        fused = forward & (scopes == scope) & (ops == OpType.ATTENTION.value)
+        qkv = forward & (scopes == scope) & (names == "attn.qkv")
+        if not (fused.any() and qkv.any()):
+            share[scope] = 1 / 3
+            continue
+        total = width[qkv][0] / head_dim[fused][0]  # heads + 2 kv, per rank
+        share[scope] = (total - heads[fused].sum()) / 2 / total
     return share
 
 
