@@ -85,6 +85,8 @@ def activation_bytes_per_layer(model: TransformerSpec, parallel: ParallelConfig,
     sbh = s * b * h
     if p.recompute is Recompute.FULL:
         return 2.0 * sbh / (t if p.sequence_parallel else 1)
+    if p.recompute is Recompute.OP_SAC:
+        return op_sac_kept_bytes(model, p, moe=moe)
     q_width = model.num_heads * model.qk_head_size
     kv_width = model.kv_heads * ((model.qk_head_size + model.v_head_size) // 2)
     tokens = s * b
@@ -95,8 +97,6 @@ def activation_bytes_per_layer(model: TransformerSpec, parallel: ParallelConfig,
     mlp_inner = (6.0 if model.gated_mlp else 4.0) * tokens * ffn * routed  # act input(s) and down-proj input
     if moe and model.num_shared_experts:
         mlp_inner += (6.0 if model.gated_mlp else 4.0) * tokens * model.shared_expert_ffn_size
-    if p.recompute is Recompute.OP_SAC:
-        return op_sac_kept_bytes(model, p, moe=moe)
     # Q, K, V, the context (output-projection input) and the MLP inner tensors split over tp.
     split = 2.0 * tokens * (2 * q_width + 2 * kv_width) + mlp_inner
     replicated = 10.0 * sbh  # two norm inputs, QKV and MLP inputs, two dropout masks

@@ -173,8 +173,7 @@ def op_sac_kept_bytes(model: TransformerSpec, parallel: ParallelConfig, *, moe: 
     b = NodeBuilder(p.dtype)
     ids = add_layer_forward(b, model, p, ctx, max(p.tp, 1), moe=moe)
     rows = [b.rows[i] for i in ids]
-    kept = 1.0 - replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in REPLAY_COLUMNS},
-                                Recompute.OP_SAC)  # fmt: skip
+    kept = 1.0 - _row_replay_weights(rows, Recompute.OP_SAC)
     total = 2.0 * ctx.vec_rows * ctx.hidden  # the layer input
     gemms = {op.value for op in GEMM_OPS}
     for row, share in zip(rows, kept, strict=True):
@@ -262,6 +261,11 @@ def replay_weights(nodes: Mapping[str, np.ndarray], recompute: Recompute) -> np.
         key_share = _key_share(names, ops, scopes, nodes)
         weights[gemm] *= _op_sac_gemm_replay(names, scopes, gemm & (weights > 0), key_share)[gemm]
     return weights
+
+
+def _row_replay_weights(rows: list[dict[str, Any]], recompute: Recompute) -> np.ndarray:
+    """:func:`replay_weights` of node rows as a :class:`NodeBuilder` holds them."""
+    return replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in REPLAY_COLUMNS}, recompute)
 
 
 def _key_share(
@@ -478,7 +482,7 @@ def _add_recompute(b: NodeBuilder, fwd_ids: list[int], p: ParallelConfig) -> Non
     """Append the replays of the layer forward nodes ``fwd_ids`` that ``p.recompute`` replays
     (:func:`replay_weights`), each with its repeat times its replay weight."""
     rows = [b.rows[node] for node in fwd_ids]
-    weights = replay_weights({c: np.array([r[c] for r in rows], dtype=object) for c in REPLAY_COLUMNS}, p.recompute)
+    weights = _row_replay_weights(rows, p.recompute)
     replay_of: dict[int, int] = {}
     for node, row, weight in zip(fwd_ids, rows, weights, strict=True):
         if weight == 0.0:
