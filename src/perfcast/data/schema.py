@@ -248,8 +248,8 @@ RUN_RECORD_REQUIRED = (
 
 RUN_INT_COLUMNS = (
     "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size", "seq_len",
-    "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "vpp", "zero_stage",
-    "lora_rank", "num_gpus", "gpus_per_node", "nvlink_domain", "first_stage_layers", "last_stage_layers",
+    "num_experts", "top_k", "tp", "pp", "dp", "cp", "ep", "etp", "dp_replicate", "micro_batch", "global_batch", "vpp",
+    "zero_stage", "lora_rank", "num_gpus", "gpus_per_node", "nvlink_domain", "first_stage_layers", "last_stage_layers",
     "document_tokens",
 )  # fmt: skip
 RUN_BOOL_COLUMNS = (
@@ -293,6 +293,7 @@ FIELD_MAX: dict[str, int] = {
     "cp": 2**20,
     "ep": 2**20,
     "etp": 2**20,
+    "dp_replicate": 2**22,
     "micro_batch": 2**20,
     "global_batch": 2**26,
     "vpp": 2**10,

@@ -123,10 +123,11 @@ SOFTWARE_COLUMNS: tuple[str, ...] = ("framework", *SOFTWARE_SWITCH_COLUMNS)
 """Optional run-table inputs naming the training framework and its switches."""
 
 RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
-    "num_experts", "top_k", "etp", "gated_mlp", "model", "nvlink_domain", "inter_node", "fp8_recipe",
+    "num_experts", "top_k", "etp", "dp_replicate", "gated_mlp", "model", "nvlink_domain", "inter_node", "fp8_recipe",
     "document_tokens", *PIPELINE_SPLIT_COLUMNS, *SOFTWARE_COLUMNS,
 )  # fmt: skip
-"""Optional run-table inputs (MoE, expert tensor parallelism ``etp`` (default 1) and gating, a
+"""Optional run-table inputs (MoE, expert tensor parallelism ``etp`` (default 1) and gating, the
+replicas of hybrid-sharded ZeRO state ``dp_replicate`` (default 1: fully sharded), a
 model preset/config instead of the shape, the GPUs of one NVLink domain (72 on NVL72 racks;
 default from the catalog), fabric, the scaling recipe of fp8 runs: tensorwise | delayed |
 blockwise | mxfp8, the attention length of sequences packed from several documents, the

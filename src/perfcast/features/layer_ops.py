@@ -25,7 +25,7 @@ from perfcast.features.node_builder import (
 )
 from perfcast.features.ops import OpType
 from perfcast.features.parallel import Finetune, ParallelConfig
-from perfcast.features.placement import EXPERT_TP, Group, group_placement
+from perfcast.features.placement import DP_SHARD, EXPERT_TP, Group, group_placement
 
 OVERLAP_PREVIOUS_LAYER = -2
 """``overlap_with`` of a prefetched ZeRO-3 weight gather (``fsdp_prefetch``): it runs beside the
@@ -65,7 +65,7 @@ def add_layer_forward(
     b.add("attn.norm", scope, Phase.FORWARD, norm_op(model), rows=ctx.vec_rows, cols=h)
     if ctx.sp:
         add_tp_collective(b, "attn.tp_gather", scope, ctx, OpType.ALLGATHER)
-    if p.zero_stage == 3 and p.dp * p.cp > 1:
+    if p.zero_stage == 3 and p.zero_shard_ranks > 1:
         b.add(
             "zero3.param_gather",
             scope,
@@ -74,8 +74,8 @@ def add_layer_forward(
             overlap_with=OVERLAP_PREVIOUS_LAYER if p.fsdp_prefetch else -1,
             group=Group.DP,
             bytes=round(_zero3_gather_params(model, p, moe=moe)) * grad_bytes(p),
-            n_ranks=p.dp * p.cp,
-            ranks_per_node=group_placement(p, gpus_per_node)[Group.DP][1],
+            n_ranks=p.zero_shard_ranks,
+            ranks_per_node=group_placement(p, gpus_per_node)[DP_SHARD][1],
         )
     if model.mla is None:
         qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
@@ -294,20 +294,20 @@ def _point_at_gemms(b: NodeBuilder, ids: list[int], partners: dict[str, str]) ->
 
 
 def _zero3_gather_params(model: TransformerSpec, p: ParallelConfig, *, moe: bool) -> float:
-    """Parameters one rank's ZeRO-3 gather of a layer moves, counted on the data-parallel group.
+    """Parameters one rank's ZeRO-3 gather of a layer moves, counted on the shard group.
 
     Dense weights (attention, dense MLP, and in an MoE layer the router and shared experts)
-    are split by ``tp`` and sharded over the ``dp*cp`` ranks. A rank's routed experts
-    (``num_experts/ep`` of them, split by ``etp``) are sharded over the expert-data-parallel
-    ranks only (``edp``): none to gather when ``edp = 1`` (``ep`` spans the data-parallel
-    ranks). The node stays one all-gather on the data-parallel group, so the expert share
-    is weighted by its ring factor against the group's: ``((edp-1)/edp) / ((n-1)/n)``.
+    are split by ``tp`` and sharded over the ``n = dp*cp / dp_replicate`` ranks of a replica.
+    A rank's routed experts (``num_experts/ep`` of them, split by ``etp``) are sharded over
+    the ``e = edp / dp_replicate`` expert-data-parallel ranks of a replica only: none to
+    gather when ``e = 1``. The node stays one all-gather on the dense shard group, so the
+    expert share is weighted by its ring factor against the group's: ``((e-1)/e) / ((n-1)/n)``.
     """
     dense = model.attention_params_per_layer + (0 if moe else model.mlp_params_per_layer)
     if not moe:
         return dense / p.tp
     dense += model.shared_expert_params + model.router_params_per_layer
     local_experts = model.num_experts * model.expert_params / (p.ep * p.etp)
-    n, edp = p.dp * p.cp, p.edp
+    n, edp = p.zero_shard_ranks, p.expert_shard_ranks
     share = ((edp - 1) / edp) / ((n - 1) / n) if edp > 1 and n > 1 else 0.0
     return dense / p.tp + local_experts * share

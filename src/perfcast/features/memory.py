@@ -5,9 +5,11 @@ parameter holds 2 bytes of weights, 2 of gradients and 12 of optimizer state (fp
 master weights and two Adam moments); fp32 training holds 4 + 4 + 8. ZeRO stage 1 shards
 the optimizer state over the ``dp*cp`` data-parallel ranks, stage 2 the gradients too,
 stage 3 the weights too; the routed experts' states shard over the ``edp`` expert-data-parallel
-ranks (``tp*cp*dp / (ep*etp)``) instead. LoRA keeps the frozen base weights (sharded like the
-weights at stage 3: FSDP shards every parameter, frozen or not, and gathers them per layer as
-the workload graph does), and gradients and optimizer state for the adapters.
+ranks (``tp*cp*dp / (ep*etp)``) instead. Hybrid sharding (``dp_replicate > 1``) shards each
+over one replica's ranks only, ``dp*cp / dp_replicate`` and ``edp / dp_replicate``. LoRA keeps
+the frozen base weights (sharded like the weights at stage 3: FSDP shards every parameter,
+frozen or not, and gathers them per layer as the workload graph does), and gradients and
+optimizer state for the adapters.
 
 Activations follow Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large
 Transformer Models"), generalised to grouped-query attention, gated MLPs and context
@@ -122,8 +124,8 @@ def peak_memory(model: TransformerSpec, parallel: ParallelConfig, cluster: Clust
     return MemoryBreakdown(**{name: float(values[0]) for name, values in parts.items()})
 
 
-_INPUTS = ("full_dense", "full_expert", "dense", "expert", "dp_ranks", "edp_ranks", "zero_stage", "wide", "lora",
-           "per_microbatch", "in_flight", "logits")  # fmt: skip
+_INPUTS = ("full_dense", "full_expert", "dense", "expert", "shard_ranks", "expert_shard_ranks", "zero_stage", "wide",
+           "lora", "per_microbatch", "in_flight", "logits")  # fmt: skip
 """What :func:`_memory_parts` computes memory from, per config."""
 
 
@@ -135,13 +137,12 @@ def _memory_inputs(
     ranks = layers_per_rank(model, p)
     if len(set(ranks)) > 1:
         return _fullest_rank_inputs(model, p, ranks, params, layer_bytes)
-    dp_ranks = p.dp * p.cp
     layers = model.num_layers // p.pp
     moe_layers = -(-model.num_moe_layers // p.pp) if model.is_moe else 0
     per_mb = (layers - moe_layers) * layer_bytes(model, p) + moe_layers * layer_bytes(model, p, moe=True)
     # the logits of the one stage that also holds the loss, fp32
     logits = 4.0 * p.micro_batch * (model.seq_len // p.cp) * padded_vocab_size(model, p.tp) / p.tp if p.pp == 1 else 0
-    return (*params(model, p, finetune=Finetune.FULL), *params(model, p), dp_ranks, p.edp,
+    return (*params(model, p, finetune=Finetune.FULL), *params(model, p), p.zero_shard_ranks, p.expert_shard_ranks,
             p.zero_stage, p.dtype in (DType.FP32, DType.TF32), p.finetune is Finetune.LORA, per_mb,
             _in_flight_microbatches(p), logits)  # fmt: skip
 
@@ -156,15 +157,15 @@ def _fullest_rank_inputs(
     """The :data:`_INPUTS` of the pipeline rank with the largest total, ranks holding ``ranks``
     (dense, MoE) layers; ``pp > 1``, so no rank keeps the logits."""
     dense_bytes, moe_bytes = layer_bytes(model, p), layer_bytes(model, p, moe=True) if model.is_moe else 0.0
-    dp_ranks, m = p.dp * p.cp, p.num_microbatches
+    m = p.num_microbatches
     rows = []
     for r, (dense, moe) in enumerate(ranks):
         if p.vpp > 1:
             in_flight = min(float(m), (2 * (p.pp - r - 1) + (p.vpp - 1) * p.pp + 1) / p.vpp)
         else:
             in_flight = float(min(m, p.pp - r))
-        rows.append((*params(model, p, finetune=Finetune.FULL, rank=r), *params(model, p, rank=r), dp_ranks,
-                     p.edp, p.zero_stage, p.dtype in (DType.FP32, DType.TF32),
+        rows.append((*params(model, p, finetune=Finetune.FULL, rank=r), *params(model, p, rank=r),
+                     p.zero_shard_ranks, p.expert_shard_ranks, p.zero_stage, p.dtype in (DType.FP32, DType.TF32),
                      p.finetune is Finetune.LORA, dense * dense_bytes + moe * moe_bytes, in_flight, 0))  # fmt: skip
     parts = _memory_parts(np.array(rows, dtype=object))
     return rows[int(np.argmax(sum(parts.values())))]
@@ -174,12 +175,12 @@ def _memory_parts(inputs: np.ndarray) -> dict[str, np.ndarray]:
     """Memory parts in GiB (the :class:`MemoryBreakdown` fields) of configs, one row of :data:`_INPUTS` each."""
     x = {name: inputs[:, j] for j, name in enumerate(_INPUTS)}
     full_dense, full_expert, dense, expert = (x[n].astype(np.int64) for n in _INPUTS[:4])
-    dp_ranks, edp_ranks, zero = (x[n].astype(np.int64) for n in ("dp_ranks", "edp_ranks", "zero_stage"))
+    shards, expert_shards, zero = (x[n].astype(np.int64) for n in ("shard_ranks", "expert_shard_ranks", "zero_stage"))
     wide, lora = x["wide"].astype(bool), x["lora"].astype(bool)
     weight_b, grad_b, opt_b = np.where(wide, 4.0, 2.0), np.where(wide, 4.0, 2.0), np.where(wide, 8.0, 12.0)
 
     def sharded(dense: np.ndarray, expert: np.ndarray, stage: int) -> np.ndarray:
-        return np.where(zero >= stage, dense / dp_ranks + expert / edp_ranks, (dense + expert).astype(float))
+        return np.where(zero >= stage, dense / shards + expert / expert_shards, (dense + expert).astype(float))
 
     weights = weight_b * (sharded(full_dense, full_expert, 3) + np.where(lora, sharded(dense, expert, 3), 0.0))
     grads = grad_b * sharded(dense, expert, 2)

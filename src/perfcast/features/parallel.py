@@ -68,6 +68,17 @@ class ParallelConfig(BaseModel):
     schedule. Batches are counted in sequences. ``flash_attention`` (fused attention that
     keeps no score matrix) is the default of current frameworks; ``False`` models the
     unfused attention of Korthikanti et al. 2022, which stores the scores for backward.
+
+    ``zero_stage`` shards the training state over the ``dp*cp`` data-parallel ranks:
+    optimizer states from 1, gradients from 2, weights (gathered layer by layer) at 3.
+    ``dp_replicate`` (default 1: one shard group) hybrid-shards it: the ``dp*cp`` ranks form
+    ``dp_replicate`` replicas of ``dp*cp / dp_replicate`` consecutive ranks each (rank stride
+    ``tp``), the state is sharded inside a replica and replicated across them, so the
+    gradient reduce-scatter and weight gathers run inside a replica and each shard's
+    gradients are all-reduced across the replicas (PyTorch HSDP / FSDP2's
+    ``dp_replicate x dp_shard`` mesh, FSDP's ``HYBRID_SHARD``, DeepSpeed MiCS,
+    Megatron-Core's ``num_distributed_optimizer_instances``). The expert state shards the
+    same way over ``edp / dp_replicate`` ranks.
     ``overlap_grad_reduce`` starts the data-parallel gradient sync during the last
     microbatch's backward (Megatron-LM/NeMo ``overlap_grad_reduce``, Apex
     ``distributed_fused_adam``), so only the part longer than that backward is exposed;
@@ -109,6 +120,7 @@ class ParallelConfig(BaseModel):
     cp: int = Field(1, ge=1, le=FIELD_MAX["cp"])
     ep: int = Field(1, ge=1, le=FIELD_MAX["ep"])
     etp: int = Field(1, ge=1, le=FIELD_MAX["etp"])
+    dp_replicate: int = Field(1, ge=1, le=FIELD_MAX["dp_replicate"])
     micro_batch: int = Field(1, ge=1, le=FIELD_MAX["micro_batch"])
     global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"])
     vpp: int = Field(1, ge=1, le=FIELD_MAX["vpp"])
@@ -222,6 +234,7 @@ class ParallelConfig(BaseModel):
                 f"{self.dp}={block}: expert ranks fold over one pipeline stage's tp*cp*dp ranks (Megatron-Core); "
                 f"allowed: ep*etp dividing {block}, so ep <= {block // self.etp} at etp={self.etp}"
             )
+        self._check_dp_replicate()
         if self.finetune is Finetune.LORA and self.lora_rank < 1:
             raise SpecError(f"finetune=lora needs lora_rank >= 1; got lora_rank={self.lora_rank}")
         if self.finetune.trains_all_weights and self.lora_rank:
@@ -229,6 +242,39 @@ class ParallelConfig(BaseModel):
                 f"lora_rank={self.lora_rank} is set but finetune={self.finetune.value}; use finetune=lora"
             )
         return self
+
+    def _check_dp_replicate(self) -> None:
+        """Hybrid sharding's rules: replicas of ZeRO-sharded state that split both data-parallel groups."""
+        r = self.dp_replicate
+        if r == 1:
+            return
+        if self.zero_stage == 0:
+            raise SpecError(
+                f"dp_replicate={r} replicates ZeRO-sharded state, but zero_stage=0 shards nothing (every rank "
+                "holds a replica); allowed: zero_stage 1-3 with dp_replicate > 1, or dp_replicate=1"
+            )
+        ranks = self.dp * self.cp
+        if ranks % r:
+            raise SpecError(
+                f"dp_replicate={r} does not divide dp*cp={self.dp}*{self.cp}={ranks}: each replica shards the state "
+                f"over dp*cp/dp_replicate ranks; allowed: a divisor of {ranks}"
+            )
+        if self.edp % r:
+            raise SpecError(
+                f"dp_replicate={r} does not divide the expert-data-parallel ranks edp=tp*cp*dp/(ep*etp)={self.edp}: "
+                "the expert state shards over edp/dp_replicate ranks; allowed: a divisor of both "
+                f"dp*cp={ranks} and edp={self.edp}"
+            )
+
+    @property
+    def zero_shard_ranks(self) -> int:
+        """Ranks that ZeRO shards the dense training state over: ``dp*cp / dp_replicate``."""
+        return self.dp * self.cp // self.dp_replicate
+
+    @property
+    def expert_shard_ranks(self) -> int:
+        """Ranks that ZeRO shards the routed experts' training state over: ``edp / dp_replicate``."""
+        return self.edp // self.dp_replicate
 
     @property
     def world_size(self) -> int:

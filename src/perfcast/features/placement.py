@@ -33,6 +33,11 @@ class Group:
 
 EXPERT_TP = "etp"
 """Key of the expert-tensor-parallel group in :func:`group_placement` (timed in the ``ep`` group)."""
+DP_SHARD, DP_REPLICATE = "dp_shard", "dp_replicate"
+"""Keys in :func:`group_placement` of the ranks one replica shards ZeRO state over and of the
+replicas of one shard (the data-parallel group split by ``dp_replicate``; timed in the ``dp`` group)."""
+EXPERT_DP_SHARD, EXPERT_DP_REPLICATE = "edp_shard", "edp_replicate"
+"""The same split of the expert-data-parallel group (timed in the ``edp`` group)."""
 
 
 @lru_cache(maxsize=1024)
@@ -53,19 +58,27 @@ def group_placement(parallel: ParallelConfig, nvlink_domain: int) -> dict[str, t
     ``tp*cp*dp`` ranks of a stage, etp innermost (stride 1), then ep (stride ``etp``),
     then edp (stride ``etp*ep``).
 
-    Keys: the :class:`Group` names and :data:`EXPERT_TP`. ``pp`` and ``emb`` are
+    Keys: the :class:`Group` names, :data:`EXPERT_TP` and the hybrid-sharding split of
+    the data-parallel groups (:data:`DP_SHARD`, :data:`DP_REPLICATE` and their expert
+    twins): a replica's shard ranks are consecutive in the group, the replicas of one
+    shard one replica apart. ``pp`` and ``emb`` are
     point-to-point pairs (neighbouring stages; first and last stage), inside one domain
     when the ranks between them fit in it.
     """
     p, d = parallel, nvlink_domain
     dp_ranks = p.dp * p.cp
+    shard, expert_shard, expert_stride = p.zero_shard_ranks, p.expert_shard_ranks, p.etp * p.ep
     return {
         Group.TP: (p.tp, group_ranks_per_node(1, p.tp, d)),
         Group.CP: (p.cp, group_ranks_per_node(p.tp, p.cp, d)),
         EXPERT_TP: (p.etp, group_ranks_per_node(1, p.etp, d)),
         Group.EP: (p.ep, group_ranks_per_node(p.etp, p.ep, d)),
         Group.DP: (dp_ranks, group_ranks_per_node(p.tp, dp_ranks, d)),
-        Group.EXPERT_DP: (p.edp, group_ranks_per_node(p.etp * p.ep, p.edp, d)),
+        Group.EXPERT_DP: (p.edp, group_ranks_per_node(expert_stride, p.edp, d)),
+        DP_SHARD: (shard, group_ranks_per_node(p.tp, shard, d)),
+        DP_REPLICATE: (p.dp_replicate, group_ranks_per_node(p.tp * shard, p.dp_replicate, d)),
+        EXPERT_DP_SHARD: (expert_shard, group_ranks_per_node(expert_stride, expert_shard, d)),
+        EXPERT_DP_REPLICATE: (p.dp_replicate, group_ranks_per_node(expert_stride * expert_shard, p.dp_replicate, d)),
         Group.PP: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp < d else 1),
         Group.EMBEDDING: (2 if p.pp > 1 else 1, 2 if p.tp * p.cp * p.dp * (p.pp - 1) < d else 1),
     }

@@ -61,6 +61,7 @@ PARALLEL_FIELDS = (
     "flash_attention",
     "fp8_recipe",
     "etp",
+    "dp_replicate",
     "document_tokens",
     *PIPELINE_SPLIT_COLUMNS,
     *SOFTWARE_COLUMNS,

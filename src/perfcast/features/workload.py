@@ -73,6 +73,10 @@ from perfcast.features.node_builder import (  # noqa: F401 (re-exported: QUANTIZ
 from perfcast.features.ops import COLLECTIVE_OPS, GEMM_OPS, OpType
 from perfcast.features.parallel import Finetune, ParallelConfig, Recompute, check_layout, padded_vocab_size
 from perfcast.features.placement import (  # noqa: F401 (re-exported: the graph's group names and placement)
+    DP_REPLICATE,
+    DP_SHARD,
+    EXPERT_DP_REPLICATE,
+    EXPERT_DP_SHARD,
     Group,
     fabric_level,
     group_placement,
@@ -200,13 +204,13 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     ``ep_comm_overlap`` with expert parallelism and more than one microbatch) are part of the key.
     """
     p = parallel
-    zero3_ranks = p.dp * p.cp if p.zero_stage == 3 and p.dp * p.cp > 1 else 0
+    zero3_ranks = p.zero_shard_ranks if p.zero_stage == 3 and p.zero_shard_ranks > 1 else 0
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
     overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0,
                 p.hides_expert_all_to_all)  # fmt: skip
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
             p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
-            *overlaps)  # fmt: skip
+            p.dp_replicate if zero3_ranks else 1, *overlaps)  # fmt: skip
 
 
 def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
@@ -360,8 +364,8 @@ def step_ops_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[Any, ...
     """What :func:`build_step_ops` depends on besides the model: configs of one model with
     equal keys have identical step nodes."""
     p = parallel
-    return (p.tp, p.pp, p.cp, p.ep, p.etp, p.dp, p.zero_stage, p.dtype, p.finetune, p.lora_rank, gpus_per_node,
-            p.vpp, *pipeline_split_key(p))  # fmt: skip
+    return (p.tp, p.pp, p.cp, p.ep, p.etp, p.dp, p.zero_stage, p.dp_replicate, p.dtype, p.finetune, p.lora_rank,
+            gpus_per_node, p.vpp, *pipeline_split_key(p))  # fmt: skip
 
 
 def build_step_ops(model: TransformerSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> dict[str, np.ndarray]:
@@ -523,26 +527,31 @@ def _add_embedding_backward(b: NodeBuilder, model: TransformerSpec, p: ParallelC
 
 
 def _add_step_ops(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, cluster: ClusterSpec) -> None:
+    """Append the once-per-step nodes: each data-parallel group's gradient sync (all-reduce
+    without ZeRO; with it, a reduce-scatter inside each replica's shard group, an all-reduce
+    of the shard across the ``dp_replicate`` replicas, and below ZeRO-3 the all-gather of the
+    updated parameters), the tied embedding's gradient sync and the optimizer step."""
     g = cluster.nvlink_domain
     dense, expert = trainable_params_per_rank(model, p)
     gb = grad_bytes(p)
-    dp_ranks = p.dp * p.cp
-    edp_ranks = p.edp
     placement = group_placement(p, g)
-    groups = [(Group.DP, dense, dp_ranks, placement[Group.DP][1])]
+    groups = [(Group.DP, dense, p.dp * p.cp, placement[Group.DP][1], placement[DP_SHARD], placement[DP_REPLICATE])]
     if expert:
-        groups.append((Group.EXPERT_DP, expert, edp_ranks, placement[Group.EXPERT_DP][1]))
-    for group, params, ranks, rpn in groups:
+        groups.append((Group.EXPERT_DP, expert, p.edp, placement[Group.EXPERT_DP][1], placement[EXPERT_DP_SHARD],
+                       placement[EXPERT_DP_REPLICATE]))  # fmt: skip
+    for group, params, ranks, rpn, (shard, shard_rpn), (replicas, replica_rpn) in groups:
         if ranks <= 1 or params == 0:
             continue
         if p.zero_stage == 0:
-            syncs = [("grad_allreduce", OpType.ALLREDUCE)]
+            syncs = [("grad_allreduce", OpType.ALLREDUCE, params, ranks, rpn)]
         else:  # sharded gradients; below ZeRO-3 the updated parameter shards are gathered back
-            syncs = [("grad_reducescatter", OpType.REDUCESCATTER)]
-            syncs += [("param_allgather", OpType.ALLGATHER)] if p.zero_stage < 3 else []
-        for name, op in syncs:
-            b.add(f"{group}.{name}", Scope.STEP, Phase.STEP, op, group=group, bytes=params * gb, n_ranks=ranks,
-                  ranks_per_node=rpn)  # fmt: skip
+            syncs = [("grad_reducescatter", OpType.REDUCESCATTER, params, shard, shard_rpn)]
+            syncs += [("grad_replica_allreduce", OpType.ALLREDUCE, params // shard, replicas, replica_rpn)]
+            syncs += [("param_allgather", OpType.ALLGATHER, params, shard, shard_rpn)] if p.zero_stage < 3 else []
+        for name, op, count, n_ranks, per_node in syncs:
+            if n_ranks > 1:
+                b.add(f"{group}.{name}", Scope.STEP, Phase.STEP, op, group=group, bytes=count * gb, n_ranks=n_ranks,
+                      ranks_per_node=per_node)  # fmt: skip
     if model.tied_embeddings and p.pp > 1 and p.finetune.trains_all_weights:
         rpn = placement[Group.EMBEDDING][1]
         b.add(
@@ -555,6 +564,6 @@ def _add_step_ops(b: NodeBuilder, model: TransformerSpec, p: ParallelConfig, clu
             n_ranks=2,
             ranks_per_node=rpn,
         )
-    shards = dp_ranks if p.zero_stage >= 1 else 1
-    owned = dense // shards + (expert // max(1, edp_ranks if p.zero_stage >= 1 else 1))
+    sharded = p.zero_stage >= 1
+    owned = dense // (p.zero_shard_ranks if sharded else 1) + expert // (p.expert_shard_ranks if sharded else 1)
     b.add("optimizer", Scope.STEP, Phase.STEP, OpType.OPTIMIZER, rows=1, cols=owned)
