@@ -61,7 +61,7 @@ def main() -> None:
         "# Fully sharded against hybrid-sharded ZeRO-3 (predictions, shipped default)",
         "",
         f"`.venv/bin/python benchmarks/hybrid_sharding_sweep.py`; {time.perf_counter() - start:.0f} s. torchtitan "
-        "FSDP2 on 8-GPU H100 nodes, 8K sequences, one sequence per GPU per step. `shard GPUs`: the GPUs one replica "
+        "FSDP2 on 8-GPU H100 nodes, one sequence of `seq` tokens per GPU per step. `shard GPUs`: the GPUs one replica "
         "shards over (`dp / dp_replicate`). Predictions, not measurements: no training run states hybrid sharding.",
         "",
         "| model | seq | GPUs | shard GPUs | step s (90% interval) | exposed weight gathers ms | exposed grad sync ms "
