@@ -13,6 +13,7 @@ from perfcast.features.parallel import ParallelConfig
 from perfcast.features.placement import DP_REPLICATE, DP_SHARD, EXPERT_DP_REPLICATE, EXPERT_DP_SHARD, group_placement
 from perfcast.features.run_config import parse_run_row
 from perfcast.features.workload import build_workload_graph, trainable_params_per_rank
+from perfcast.serve.python_api import predict_steps
 
 GPT = TransformerSpec(name="gpt-test", num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, seq_len=256)
 MOE = TransformerSpec(num_layers=4, hidden_size=512, num_heads=8, vocab_size=1000, num_experts=64, top_k=2,
@@ -63,13 +64,49 @@ def test_shard_ranks_are_consecutive_and_replicas_one_replica_apart() -> None:
     assert group_placement(moe, 8)[EXPERT_DP_REPLICATE] == (4, 1)
 
 
-def test_one_replica_is_the_fully_sharded_graph_and_memory() -> None:
-    for zero in (1, 2, 3):
-        full, one = layout(dp=16, zero_stage=zero), layout(dp=16, zero_stage=zero, dp_replicate=1)
-        cluster = ClusterSpec.build(H100, 16)
-        assert build_workload_graph(GPT, full, cluster).nodes.equals(build_workload_graph(GPT, one, cluster).nodes)
+def test_full_sharding_syncs_over_every_data_parallel_rank() -> None:
     sharded = step_comm(GPT, layout(dp=16, zero_stage=3))
     assert list(sharded["op"]) == ["reducescatter"] and list(sharded["n_ranks"]) == [16]
+
+
+def test_context_parallel_ranks_shard_with_the_data_parallel_ones() -> None:
+    p = layout(dp=8, cp=2, zero_stage=1, dp_replicate=4)  # dp*cp = 16 ranks: 4 replicas of 4
+    comm = step_comm(GPT, p).set_index("name")
+    assert comm.loc["dp.grad_reducescatter", "n_ranks"] == 4
+    assert comm.loc["dp.grad_replica_allreduce", ["n_ranks", "ranks_per_node"]].tolist() == [4, 2]
+
+
+def test_moe_zero3_gathers_the_replicas_expert_shards() -> None:
+    mixtral = TransformerSpec.from_name("mixtral-8x7b").model_copy(update={"seq_len": 256})
+    p = layout(dp=32, ep=4, zero_stage=3, dp_replicate=4)  # shard 8 ranks, experts over edp/R = 2
+    g = build_workload_graph(mixtral, p, ClusterSpec.build(H100, 32))
+    dense = mixtral.attention_params_per_layer + mixtral.router_params_per_layer
+    experts = mixtral.num_experts * mixtral.expert_params / 4
+    want = dense + experts * (1 / 2) / (7 / 8)  # the experts' ring factor against the shard group's
+    gathers = g.nodes[g.nodes["name"] == "zero3.param_gather"]
+    assert set(gathers["bytes"]) == {round(want) * 2} and set(gathers["n_ranks"]) == {8}
+
+
+def test_switches_count_only_where_there_is_something_to_gather() -> None:
+    row = {"model": "llama2-7b", "dp": 8, "global_batch": 8, "gpu": H100, "num_gpus": 8, "dp_replicate": 8}
+    titan = parse_run_row({**row, "framework": "torchtitan"})  # ZeRO-3 over one-rank replicas: no gathers
+    assert "fsdp_prefetch" not in titan.defaulted
+    megatron = parse_run_row({**row, "framework": "megatron-core"})
+    assert "overlap_param_gather" not in megatron.defaulted and "overlap_grad_reduce" in megatron.defaulted
+    assert "fsdp_prefetch" in parse_run_row({**row, "framework": "torchtitan", "dp_replicate": 2}).defaulted
+
+
+def test_a_batch_predicts_each_replication_as_alone() -> None:
+    """Configs that differ only in ``dp_replicate`` share no cached graph part."""
+    rows = [{"model": "llama2-7b", "seq_len": 1024, "dp": 16, "global_batch": 16, "zero_stage": zero,
+             "dp_replicate": r, "gpu": H100, "num_gpus": 16, "framework": "torchtitan"}
+            for zero in (1, 3) for r in (1, 2, 16)]  # fmt: skip
+    together = predict_steps(pd.DataFrame(rows), breakdown=True)
+    alone = pd.concat([predict_steps(pd.DataFrame([row]), breakdown=True) for row in rows], ignore_index=True)
+    for col in ("step_ms", "composed_step_ms", "peak_mem_gib", "optimizer_ms"):
+        assert together[col].tolist() == pytest.approx(alone[col].tolist(), rel=1e-9)
+    composed = together["composed_step_ms"]
+    assert composed.nunique() == 5 and composed[2] == composed[5]  # one-rank replicas: plain data parallelism
 
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
@@ -127,3 +164,6 @@ def test_run_rows_state_dp_replicate() -> None:
     assert "dp_replicate" not in config.defaulted  # an absent degree means no replication, as for tp or ep
     with pytest.raises(SpecError, match="dp_replicate=3 does not divide"):
         parse_run_row({**row, "dp_replicate": 3})
+    unsharded = {k: v for k, v in row.items() if k != "zero_stage"} | {"framework": "megatron-deepspeed"}  # default 0
+    with pytest.raises(SpecError, match="zero_stage=0 shards nothing.*the framework's default"):
+        parse_run_row(unsharded)

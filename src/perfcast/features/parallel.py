@@ -251,7 +251,8 @@ class ParallelConfig(BaseModel):
         if self.zero_stage == 0:
             raise SpecError(
                 f"dp_replicate={r} replicates ZeRO-sharded state, but zero_stage=0 shards nothing (every rank "
-                "holds a replica); allowed: zero_stage 1-3 with dp_replicate > 1, or dp_replicate=1"
+                "holds a replica; an unstated zero_stage takes the framework's default, 0 for megatron-deepspeed "
+                "and deepspeed); allowed: zero_stage 1-3 with dp_replicate > 1, or dp_replicate=1"
             )
         ranks = self.dp * self.cp
         if ranks % r:

@@ -183,9 +183,9 @@ def _shared_rows(items: Sequence[tuple[object, ...]], build: Callable[..., dict[
 
 def _software_switches(p: ParallelConfig) -> tuple[bool, ...]:
     """:data:`SOFTWARE_FEATURES` of one layout: a switch counts where the layout has what it overlaps."""
-    sharded = p.dp * p.cp > 1
+    synced, sharded = p.dp * p.cp > 1, p.zero_shard_ranks > 1  # a gradient sync; parameters to gather
     return (
-        p.overlap_grad_reduce and sharded,
+        p.overlap_grad_reduce and synced,
         p.overlap_param_gather and sharded and p.zero_stage in (1, 2),
         p.fsdp_prefetch and sharded and p.zero_stage == 3,
         p.tp_comm_overlap and p.tp > 1,
