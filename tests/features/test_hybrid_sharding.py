@@ -87,6 +87,17 @@ def test_moe_zero3_gathers_the_replicas_expert_shards() -> None:
     assert set(gathers["bytes"]) == {round(want) * 2} and set(gathers["n_ranks"]) == {8}
 
 
+@pytest.mark.parametrize("dp", [1, 8])
+def test_experts_sharded_beyond_one_rank_shards_are_gathered_on_their_own_group(dp) -> None:
+    p = layout(tp=2, dp=dp, zero_stage=3, dp_replicate=dp)  # dense shards of one rank; experts over tp's 2
+    assert (p.zero_shard_ranks, p.expert_shard_ranks) == (1, 2)
+    g = build_workload_graph(MOE, p, ClusterSpec.build(H100, 2 * dp))
+    gathers = g.nodes[g.nodes["name"].str.startswith("zero3.param_gather")]
+    assert gathers["phase"].tolist() == ["fwd", "bwd"] and set(gathers["scope"]) == {"moe_layer"}
+    assert set(gathers["group"]) == {"edp"} and set(gathers["n_ranks"]) == {2} and set(gathers["ranks_per_node"]) == {2}
+    assert set(gathers["bytes"]) == {MOE.num_experts * MOE.expert_params * 2}
+
+
 def test_switches_count_only_where_there_is_something_to_gather() -> None:
     row = {"model": "llama2-7b", "dp": 8, "global_batch": 8, "gpu": H100, "num_gpus": 8, "dp_replicate": 8}
     titan = parse_run_row({**row, "framework": "torchtitan"})  # ZeRO-3 over one-rank replicas: no gathers

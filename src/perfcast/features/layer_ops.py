@@ -25,7 +25,7 @@ from perfcast.features.node_builder import (
 )
 from perfcast.features.ops import OpType
 from perfcast.features.parallel import Finetune, ParallelConfig
-from perfcast.features.placement import DP_SHARD, EXPERT_TP, Group, group_placement
+from perfcast.features.placement import DP_SHARD, EXPERT_DP_SHARD, EXPERT_TP, Group, group_placement
 
 OVERLAP_PREVIOUS_LAYER = -2
 """``overlap_with`` of a prefetched ZeRO-3 weight gather (``fsdp_prefetch``): it runs beside the
@@ -65,17 +65,19 @@ def add_layer_forward(
     b.add("attn.norm", scope, Phase.FORWARD, norm_op(model), rows=ctx.vec_rows, cols=h)
     if ctx.sp:
         add_tp_collective(b, "attn.tp_gather", scope, ctx, OpType.ALLGATHER)
-    if p.zero_stage == 3 and p.zero_shard_ranks > 1:
+    gather = _zero3_gather(model, p, gpus_per_node, moe=moe)
+    if gather is not None:
+        group, n_ranks, per_node, params = gather
         b.add(
             "zero3.param_gather",
             scope,
             Phase.FORWARD,
             OpType.ALLGATHER,
             overlap_with=OVERLAP_PREVIOUS_LAYER if p.fsdp_prefetch else -1,
-            group=Group.DP,
-            bytes=round(_zero3_gather_params(model, p, moe=moe)) * grad_bytes(p),
-            n_ranks=p.zero_shard_ranks,
-            ranks_per_node=group_placement(p, gpus_per_node)[DP_SHARD][1],
+            group=group,
+            bytes=round(params) * grad_bytes(p),
+            n_ranks=n_ranks,
+            ranks_per_node=per_node,
         )
     if model.mla is None:
         qkv = b.add("attn.qkv", scope, Phase.FORWARD, gemm, batch=1, m=t, k=h, n=(heads + 2 * kv) * hd)
@@ -291,6 +293,25 @@ def _point_at_gemms(b: NodeBuilder, ids: list[int], partners: dict[str, str]) ->
     for collective, gemm in partners.items():
         if collective in by_name and gemm in by_name:
             b.rows[by_name[collective]]["overlap_with"] = by_name[gemm]
+
+
+def _zero3_gather(
+    model: TransformerSpec, p: ParallelConfig, gpus_per_node: int, *, moe: bool
+) -> tuple[str, int, int, float] | None:
+    """A layer's ZeRO-3 weight gather as ``(group, ranks, ranks per NVLink domain, parameters)``,
+    None where nothing is sharded: on the dense shard group (:func:`_zero3_gather_params`), or,
+    where the dense state has one-rank shards but an MoE layer's experts are sharded over
+    ``edp / dp_replicate > 1`` ranks (their ``ep * etp`` spanning fewer ranks than ``tp``), the
+    rank's experts on the expert shard group."""
+    if p.zero_stage != 3:
+        return None
+    placement = group_placement(p, gpus_per_node)
+    if p.zero_shard_ranks > 1:
+        return Group.DP, p.zero_shard_ranks, placement[DP_SHARD][1], _zero3_gather_params(model, p, moe=moe)
+    if moe and p.expert_shard_ranks > 1:
+        experts = model.num_experts * model.expert_params / (p.ep * p.etp)
+        return Group.EXPERT_DP, p.expert_shard_ranks, placement[EXPERT_DP_SHARD][1], experts
+    return None
 
 
 def _zero3_gather_params(model: TransformerSpec, p: ParallelConfig, *, moe: bool) -> float:

@@ -204,13 +204,13 @@ def body_structure_key(parallel: ParallelConfig, gpus_per_node: int) -> tuple[An
     ``ep_comm_overlap`` with expert parallelism and more than one microbatch) are part of the key.
     """
     p = parallel
-    zero3_ranks = p.zero_shard_ranks if p.zero_stage == 3 and p.zero_shard_ranks > 1 else 0
+    zero3_shards = (p.zero_shard_ranks, p.expert_shard_ranks, p.dp_replicate) if p.zero_stage == 3 else (0, 0, 0)
     same_node = p.pp > 1 and group_placement(p, gpus_per_node)[Group.PP][1] == 2
-    overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and zero3_ranks > 0,
+    overlaps = (p.tp_comm_overlap and p.sequence_parallel and p.tp > 1, p.fsdp_prefetch and p.zero_stage == 3,
                 p.hides_expert_all_to_all)  # fmt: skip
     return (p.tp, p.pp, p.cp, p.ep, p.etp, p.micro_batch, p.sequence_parallel, p.finetune, p.lora_rank, p.dtype,
-            p.flash_attention, p.document_tokens, gpus_per_node, zero3_ranks, same_node, *pipeline_split_key(p),
-            p.dp_replicate if zero3_ranks else 1, *overlaps)  # fmt: skip
+            p.flash_attention, p.document_tokens, gpus_per_node, *zero3_shards, same_node, *pipeline_split_key(p),
+            *overlaps)  # fmt: skip
 
 
 def pipeline_split_key(parallel: ParallelConfig) -> tuple[Any, ...]:
