@@ -279,7 +279,9 @@ def test_the_compute_factor_shrinks_toward_one_beyond_the_training_range(tmp_pat
     X["frac_compute"], X["frac_attention"] = rng.uniform(0.5, 0.9, len(X)), 0.1
     X["frac_bubble"] = X["frac_optimizer"] = 0.0
     y = np.exp(X["log_composed_step_ms"] + np.log1p(X["frac_compute"] * 0.3))  # compute 1.3x slower than composed
-    model = StepTimeRegressor(n_estimators=20).fit(X, y.to_numpy(), groups=groups)
+    model = StepTimeRegressor(n_estimators=20, physical_factors=("attention", "compute")).fit(
+        X, y.to_numpy(), groups=groups
+    )
     k = model.factors_.factors["compute"]
     assert k > 1.2 and model._shrunk_components() == ("compute",)
     inside = X.head(3)

@@ -16,10 +16,19 @@ of the composed step, ``physical_factors``, fitted first with sources weighed as
 booster's fit); the booster learns what is left. A factor states how a training stack's
 part of the step relates to its kernels, and it extrapolates as the component's share
 does. Most apply to every row whole (attention's follows the stack's attention kernels,
-whatever the GPU); the components in ``shrink_factors`` (by default ``compute``: the stacks'
-efficiency on the op table's kernels, learned on the training GPUs) shrink toward 1 with
-the row's extrapolation distance ``d`` (below) as the booster's correction does:
-``k ** (1 / (1 + d))``.
+whatever the GPU); the components in ``shrink_factors`` (by default ``compute`` where it is
+among the factors: the stacks' efficiency on the op table's kernels, learned on the
+training GPUs) shrink toward 1 with the row's extrapolation distance ``d`` (below) as the
+booster's correction does: ``k ** (1 / (1 + d))``.
+
+By default only ``attention`` gets a factor, pulled toward 1 by ``factor_prior = 0.05``. A
+``compute`` factor is one number for every stack: fitted mostly on the PyTorch-native
+stacks, which run slower than composed physics, it made every Megatron stack slow whenever
+no run of that stack was in training (a framework or source held out). Without it the
+booster carries the stacks' gaps through the switches they state, and shrinks them out of
+domain; a weaker prior let the attention factor absorb the short-sequence runs' residuals
+and over-scale long-sequence ones. Both were chosen on the held-out splits of
+``benchmarks/results/step_transfer_eval.md`` (the prior between 0.01 and 0.05).
 With ``stack_factors`` the listed components' factors are fitted per training stack, each
 stack's departure from the global factor shrunk toward it by ``stack_prior``
 (:class:`~perfcast.models.component_factors.ComponentFactors`); the stack of a row is
@@ -205,7 +214,7 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             attention where it is among ``physical_factors``, its remaining gap following the
             stack's attention kernels.
         stack_prior: strength of the pull of each stack's log departure toward the global
-            factor (same units as ``factor_prior``), > 0; default the same as ``factor_prior``.
+            factor (same units as ``factor_prior``), > 0.
         shrink_factors: components of ``physical_factors`` whose factor shrinks toward 1 with a
             row's extrapolation distance (under ``shrink_out_of_domain``); None (default):
             ``compute`` where it is among ``physical_factors``; empty: every factor whole.
@@ -254,8 +263,8 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
         ood_correction: str = "scaled",
         ood_interval: str = "domain",
         interval_level: str = "group_median",
-        physical_factors: tuple[str, ...] = ("attention", "compute"),
-        factor_prior: float = 0.01,
+        physical_factors: tuple[str, ...] = ("attention",),
+        factor_prior: float = 0.05,
         stack_factors: tuple[str, ...] | None = None,
         stack_prior: float = 0.01,
         shrink_factors: tuple[str, ...] | None = None,
