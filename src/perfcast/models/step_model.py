@@ -27,10 +27,12 @@ stacks, which run slower than composed physics, it made every Megatron stack slo
 no run of that stack was in training (a framework or source held out). Without it the
 booster carries the stacks' gaps through the switches they state, and shrinks them out of
 domain; a weaker prior let the attention factor absorb the short-sequence runs' residuals
-and over-scale long-sequence ones. Both were chosen on the held-out splits of
-``benchmarks/results/step_transfer_eval.md`` (the prior between 0.01 and 0.05).
-With ``stack_factors`` the listed components' factors are fitted per training stack, each
-stack's departure from the global factor shrunk toward it by ``stack_prior``
+and over-scale long-sequence ones. The compute factor was dropped on the held-out splits of
+``benchmarks/results/step_transfer_eval.md`` (its before columns are the former default); the
+prior 0.05 over 0.01 was compared in runs not kept.
+By default (``stack_factors=None``) the attention factor is fitted per training stack; with
+``stack_factors`` the listed components' factors are fitted per stack instead. Each
+stack's departure from the global factor is shrunk toward it by ``stack_prior``
 (:class:`~perfcast.models.component_factors.ComponentFactors`); the stack of a row is
 the column :data:`~perfcast.models.component_factors.STACK_COLUMN` of ``X`` (training rows:
 their ``framework_group``; a query: the framework it states), and a row without one, or
@@ -206,18 +208,21 @@ class StepTimeRegressor(RegressorMixin, BaseEstimator):
             ``"pooled"``).
         physical_factors: the components of the composed step (keys of
             :data:`~perfcast.models.component_factors.COMPONENTS`) that get a fitted time
-            factor before the booster; empty for none.
+            factor before the booster; empty for none; default ``("attention",)``.
         factor_prior: strength of the pull of each factor toward 1 (see
-            :class:`~perfcast.models.component_factors.ComponentFactors`).
+            :class:`~perfcast.models.component_factors.ComponentFactors`); default 0.05.
         stack_factors: components of ``physical_factors`` whose factor departs per training
             stack (hierarchical fit); empty for one global factor each; None (default):
             attention where it is among ``physical_factors``, its remaining gap following the
             stack's attention kernels.
         stack_prior: strength of the pull of each stack's log departure toward the global
-            factor (same units as ``factor_prior``), > 0.
+            factor (same units as ``factor_prior``), > 0; default 0.01, weaker than
+            ``factor_prior``'s 0.05, so a stack departs from the global factor more freely
+            than the global factor departs from 1.
         shrink_factors: components of ``physical_factors`` whose factor shrinks toward 1 with a
             row's extrapolation distance (under ``shrink_out_of_domain``); None (default):
-            ``compute`` where it is among ``physical_factors``; empty: every factor whole.
+            ``compute`` where it is among ``physical_factors`` (none under the default
+            ``physical_factors``); empty: every factor whole.
         correction_scale: factor on every row's learned log correction (the booster's, not
             the physical factors), in [0, 1] (1 = as learned, 0 = the composed step times
             its factors); the held-out residuals are those of the scaled
