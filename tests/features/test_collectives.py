@@ -42,11 +42,23 @@ def test_small_all_reduce_latency_grows_with_ranks_in_a_node():
     assert _t("allreduce", 1.0, 8, 8) - _t("allreduce", 1.0, 2, 2) == pytest.approx(2 * 6 * A_IN * 1e-6, rel=1e-6)
 
 
-@pytest.mark.parametrize(("n", "rpn"), [(8, 8), (64, 8), (16, 1), (4, 2)])
-def test_all_gather_and_reduce_scatter_are_half_an_all_reduce(n, rpn):
+@pytest.mark.parametrize(("n", "rpn"), [(8, 8), (16, 1), (4, 2)])
+def test_all_gather_and_reduce_scatter_are_half_an_all_reduce_where_its_ring_is_its_fastest(n, rpn):
+    """Inside one node, with one node of few ranks beside another, or one rank per node (PAT)."""
     ar = _t("allreduce", 1e8, n, rpn)
     assert _t("allgather", 1e8, n, rpn) == pytest.approx(ar / 2, rel=1e-12)
     assert _t("reducescatter", 1e8, n, rpn) == pytest.approx(ar / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["allgather", "reducescatter"])
+def test_gathers_over_many_nodes_pay_a_ring_step_per_node(kind):
+    n, r = 8192, 8
+    nodes = n / r
+    ring_lat = (r - 1) * A_IN + (nodes - 1) * A_OUT  # NCCL has no tree for gathers
+    assert _t(kind, 1.0, n, r) == pytest.approx(ring_lat * 1e-6, rel=1e-3)
+    assert _t(kind, 1.0, n, r) > 10 * _t("allreduce", 1.0, n, r)  # the all-reduce's tree crosses in log2 steps
+    pat = (math.ceil(math.log2(1024)) * A_OUT) * 1e-6  # one rank per node: PAT's log2 steps
+    assert _t(kind, 1.0, 1024, 1) == pytest.approx(pat, rel=1e-3)
 
 
 def test_multi_node_all_reduce_is_hierarchical():

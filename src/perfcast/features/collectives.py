@@ -16,7 +16,12 @@ in seconds, bandwidths in bytes/s and latencies ``a`` in seconds per ring step:
   step and a single-node all-reduce pays the ring's ``2(r-1)`` steps (nccl-tests on 8
   A100s: the small-message floor grows from 44 us at 2 ranks to 93 us at 8, vTrain's
   table);
-* all-gather and reduce-scatter: half of the all-reduce traffic and latency;
+* all-gather and reduce-scatter: half of the all-reduce traffic and of its ring's latency
+  steps, ``(r-1)*a_intra + (N-1)*a_inter``: NCCL runs them as rings (it has no tree for
+  them), so a group spread over many nodes pays a step per node, which is why large
+  fully sharded runs shard inside a replica instead (hybrid sharding). With one rank per
+  node they take ``ceil(log2 N)`` steps across nodes, as NCCL's PAT algorithm (2.23 and
+  later) does for that placement;
 * all-to-all: the share ``(n-r)/n`` of ``B`` that leaves the node goes over the NICs, the
   share ``(r-1)/n`` over the scale-up link, ``(n-1)`` latency steps;
 * send/recv: ``B/bw + a`` over the link between the two ranks (inter-node when
@@ -70,7 +75,8 @@ def collective_time_s(
     ring_bw = (r - 1) / r * b / bw_in + (nodes - 1) / nodes * (b / r) / bw_out
     ring_lat = (r - 1) * a_in + (nodes - 1) * a_out
     tree_lat = (r - 1) * a_in + np.ceil(np.log2(nodes)) * a_out
-    gather = ring_bw + np.minimum(ring_lat, tree_lat)
+    reduce = ring_bw + np.minimum(ring_lat, tree_lat)  # half an all-reduce
+    gather = ring_bw + np.where(r > 1, ring_lat, np.minimum(ring_lat, tree_lat))
 
     a2a = (n - r) / n * b / bw_out + (r - 1) / n * b / bw_in + (n - 1) * a_max
     p2p = b / np.where(multi | (r < 2), bw_out, bw_in) + np.where(multi | (r < 2), a_out, a_in)
@@ -83,7 +89,7 @@ def collective_time_s(
             kind == OpType.ALLTOALL.value,
             kind == OpType.SENDRECV.value,
         ],
-        [2.0 * gather, gather, a2a, p2p],
+        [2.0 * reduce, gather, a2a, p2p],
         default=np.nan,
     )
     return np.where(n > 1, time, 0.0)
