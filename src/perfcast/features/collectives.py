@@ -75,7 +75,7 @@ def collective_time_s(
     ring_bw = (r - 1) / r * b / bw_in + (nodes - 1) / nodes * (b / r) / bw_out
     ring_lat = (r - 1) * a_in + (nodes - 1) * a_out
     tree_lat = (r - 1) * a_in + np.ceil(np.log2(nodes)) * a_out
-    reduce = ring_bw + np.minimum(ring_lat, tree_lat)  # half an all-reduce
+    half_allreduce = ring_bw + np.minimum(ring_lat, tree_lat)
     gather = ring_bw + np.where(r > 1, ring_lat, np.minimum(ring_lat, tree_lat))
 
     a2a = (n - r) / n * b / bw_out + (r - 1) / n * b / bw_in + (n - 1) * a_max
@@ -89,7 +89,7 @@ def collective_time_s(
             kind == OpType.ALLTOALL.value,
             kind == OpType.SENDRECV.value,
         ],
-        [2.0 * reduce, gather, a2a, p2p],
+        [2.0 * half_allreduce, gather, a2a, p2p],
         default=np.nan,
     )
     return np.where(n > 1, time, 0.0)
