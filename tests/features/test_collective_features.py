@@ -33,7 +33,7 @@ def _ops(**overrides: object) -> pd.DataFrame:
 
 def test_version_and_columns() -> None:
     out = featurize_collectives(_ops())
-    assert COLLECTIVE_FEATURES_VERSION == 3  # 3: nvlink_bridged rows use the bridge inside a node
+    assert COLLECTIVE_FEATURES_VERSION == 4  # 4: gathers across nodes pay the ring latency
     assert list(out.columns[: len(COLLECTIVE_FEATURES)]) == list(COLLECTIVE_FEATURES)
     assert {"intra_link_kind", "inter_link_kind", "gpu_id"} <= set(out.columns)
     assert list(out.index) == [10, 11, 12, 13, 14]

@@ -55,9 +55,10 @@ __all__ = [
     "nvlink_bridged_flags",
 ]
 
-COLLECTIVE_FEATURES_VERSION = 3
+COLLECTIVE_FEATURES_VERSION = 4
 """Bumped when a feature changes meaning (2: NCCL's all-reduce tree is a chain inside a node;
-3: rows with ``nvlink_bridged`` use the PCIe card's NVLink bridge inside a node)."""
+3: rows with ``nvlink_bridged`` use the PCIe card's NVLink bridge inside a node; 4: all-gather
+and reduce-scatter pay the ring's latency across nodes, log2 steps only with one rank per node)."""
 
 # Stable integer codes (saved models depend on them: append, never reorder).
 COLLECTIVE_CODES: dict[str, int] = {
