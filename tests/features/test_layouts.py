@@ -64,3 +64,15 @@ def test_narrow_space_and_bad_input(llama: TransformerSpec) -> None:
         LayoutSpace(zero_stages=(4,))
     with pytest.raises(SpecError, match="micro_batches is empty"):
         LayoutSpace(micro_batches=())
+
+
+def test_replicate_per_domain_adds_one_replica_per_nvlink_domain_to_sharded_layouts(llama: TransformerSpec) -> None:
+    cluster = ClusterSpec.build("h100-sxm5-80gb", 32, 8)
+    space = LayoutSpace(zero_stages=(0, 3), replicate_per_domain=True, micro_batches=(1,), cp=(1,), vpp=(1,))
+    layouts = list(enumerate_layouts(llama, cluster, 64, space=space))
+    replicated = [p for p in layouts if p.dp_replicate > 1]
+    assert replicated and all(p.zero_stage == 3 for p in replicated)
+    assert all(p.tp * p.zero_shard_ranks == 8 for p in replicated)  # a replica fills one 8-GPU node
+    twins = {(p.tp, p.pp, p.recompute) for p in replicated}
+    assert twins <= {(p.tp, p.pp, p.recompute) for p in layouts if p.dp_replicate == 1 and p.zero_stage == 3}
+    assert not [p for p in enumerate_layouts(llama, cluster, 64, space=LayoutSpace()) if p.dp_replicate > 1]

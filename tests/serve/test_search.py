@@ -169,3 +169,14 @@ def test_cli_search_states_the_framework() -> None:
     assert "global batch 16, pytorch-fsdp" in " ".join(result.output.split())
     bad = CliRunner().invoke(app, [*args[:-1], "jax"])
     assert bad.exit_code == 2 and "JAX/XLA stack" in bad.output
+
+
+def test_fsdp_searches_try_one_replica_per_nvlink_domain() -> None:
+    """torchtitan and FSDP rank hybrid-sharded layouts beside fully sharded ones; Megatron does not."""
+    analytic = StepPredictor.analytic()
+    titan = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 32, 64, predictor=analytic, framework="torchtitan").ranked
+    hybrid = titan[titan["dp_replicate"] > 1]
+    assert len(hybrid) and (hybrid["tp"] * hybrid["dp"] * hybrid["cp"] / hybrid["dp_replicate"] == 8).all()
+    assert (titan["dp_replicate"] == 1).any()
+    mcore = search_layouts("gpt3-350m", ["a100-sxm4-80gb"], 32, 64, predictor=analytic, framework="megatron-core")
+    assert (mcore.ranked["dp_replicate"] == 1).all()

@@ -149,6 +149,10 @@ SEARCH_ZERO_STAGES: dict[Framework, tuple[int, ...]] = {
 FSDP2, Composer's and AutoModel's FULL_SHARD), DeepSpeed's four stages."""
 
 
+SEARCH_REPLICATE: frozenset[Framework] = frozenset({Framework.TORCHTITAN, Framework.PYTORCH_FSDP})
+"""Frameworks whose layout search also tries hybrid sharding with one replica per NVLink domain
+(``dp_replicate``; FSDP's ``HYBRID_SHARD``, FSDP2's ``dp_replicate x dp_shard`` mesh)."""
+
 SEARCH_RECOMPUTE: dict[Framework, tuple[str, ...]] = {
     Framework.MEGATRON_CORE: ("none", "selective", "full"),
     Framework.MEGATRON_DEEPSPEED: ("none", "selective", "full"),

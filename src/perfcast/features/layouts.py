@@ -3,7 +3,7 @@
 A layout search (``perfcast search``) scores every layout this module yields. The space
 is Megatron-LM's: tensor parallelism within a node, pipeline stages that divide the
 layers, optional context parallelism, expert parallelism for MoE models, interleaving,
-micro-batch sizes, recomputation, ZeRO stage and sequence parallelism. Every layout is
+micro-batch sizes, recomputation, ZeRO stage, hybrid sharding and sequence parallelism. Every layout is
 checked by :func:`~perfcast.features.parallel.check_layout`; the ones that break a rule
 are left out (they are not configs a framework would run).
 
@@ -33,6 +33,9 @@ class LayoutSpace:
 
     ``max_tp=None`` caps tensor parallelism at the GPUs of one node. ``vpp`` values above
     1 apply only when ``pp > 1``; ``cp`` values only when they divide the sequence.
+    ``replicate_per_domain`` also tries, for every ZeRO stage above 0, the hybrid sharding
+    whose replica fills one NVLink domain (``dp_replicate`` such that ``tp * dp * cp /
+    dp_replicate`` is the domain's GPUs), where that gives more than one replica.
     """
 
     micro_batches: Sequence[int] = (1, 2, 4, 8)
@@ -42,6 +45,7 @@ class LayoutSpace:
     zero_stages: Sequence[int] = (0, 1)
     max_tp: int | None = None
     max_pp: int | None = None
+    replicate_per_domain: bool = False
 
     def __post_init__(self) -> None:
         for name in ("micro_batches", "cp", "vpp", "zero_stages"):
@@ -54,6 +58,13 @@ class LayoutSpace:
         bad = [z for z in self.zero_stages if z not in (0, 1, 2, 3)]
         if bad:
             raise SpecError(f"zero_stages={bad} not allowed; allowed: 0, 1, 2, 3")
+
+
+def _domain_shard_ranks(cluster: ClusterSpec, tp: int, ranks: int) -> int:
+    """Data-parallel ranks of a replica that fills one NVLink domain at ``tp``; 0 where none does
+    (the domain not a multiple of ``tp``, or not dividing the ``ranks``)."""
+    per_domain, rest = divmod(cluster.nvlink_domain, tp)
+    return per_domain if not rest and per_domain and ranks % per_domain == 0 else 0
 
 
 def _powers_of_two_dividing(n: int, cap: int) -> list[int]:
@@ -129,14 +140,16 @@ def _layouts_at(
     eps = _powers_of_two_dividing(dp * cp, model.num_experts) if model.is_moe else [1]
     vpps = sorted({v for v in space.vpp if v == 1 or pp > 1})
     zeros = sorted({z if dp * cp > 1 else 0 for z in space.zero_stages})  # ZeRO shards over dp*cp ranks
-    grid = itertools.product(eps, sorted(set(space.micro_batches)), vpps, space.recompute, zeros)
-    for ep, mb, vpp, recompute, zero in grid:
-        if global_batch % (dp * mb):
+    shards = (dp * cp, _domain_shard_ranks(cluster, tp, dp * cp)) if space.replicate_per_domain else (dp * cp,)
+    replicas = sorted({dp * cp // s for s in shards if s})
+    grid = itertools.product(eps, sorted(set(space.micro_batches)), vpps, space.recompute, zeros, replicas)
+    for ep, mb, vpp, recompute, zero, replicate in grid:
+        if global_batch % (dp * mb) or (replicate > 1 and zero == 0):  # nothing sharded to replicate
             continue
         try:
             parallel = ParallelConfig(
                 tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=mb, global_batch=global_batch, vpp=vpp,
-                sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, **job,
+                sequence_parallel=tp > 1, zero_stage=zero, recompute=recompute, dp_replicate=replicate, **job,
             )  # fmt: skip
             check_layout(model, parallel, cluster)
         except (SpecError, ValueError) as exc:

@@ -22,7 +22,7 @@ import pandas as pd
 from perfcast.data.schema import DType
 from perfcast.errors import SpecError
 from perfcast.features.cluster import ClusterSpec
-from perfcast.features.frameworks import SEARCH_RECOMPUTE, SEARCH_ZERO_STAGES, Framework
+from perfcast.features.frameworks import SEARCH_RECOMPUTE, SEARCH_REPLICATE, SEARCH_ZERO_STAGES, Framework
 from perfcast.features.layouts import LayoutSpace, enumerate_layouts
 from perfcast.features.memory import peak_memory
 from perfcast.features.model_source import ModelSource
@@ -34,7 +34,8 @@ from perfcast.serve.batch import DEFAULT_COVERAGE, ProgressFn, predict_steps_tab
 DEFAULT_MAX_LAYOUTS = 200_000
 """Most layouts one search enumerates by default (every GPU type together)."""
 _LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "vpp", "sequence_parallel",
-                  "zero_stage", "recompute", "finetune", "lora_rank", "dtype", "document_tokens")  # fmt: skip
+                  "zero_stage", "dp_replicate", "recompute", "finetune", "lora_rank", "dtype",
+                  "document_tokens")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,8 @@ def search_layouts(
     stated = None if framework is None else Framework.parse(framework)
     if space is None and stated is not None:
         space = LayoutSpace(zero_stages=SEARCH_ZERO_STAGES[stated],
-                            recompute=tuple(Recompute(r) for r in SEARCH_RECOMPUTE[stated]))  # fmt: skip
+                            recompute=tuple(Recompute(r) for r in SEARCH_RECOMPUTE[stated]),
+                            replicate_per_domain=stated in SEARCH_REPLICATE)  # fmt: skip
     if space is not None and stated is not None:  # a recomputation the framework lacks: refused before any work
         for recompute in space.recompute:
             validate_spec(ParallelConfig, {"framework": stated, "recompute": recompute, "global_batch": 1}, "space")

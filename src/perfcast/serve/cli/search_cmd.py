@@ -14,8 +14,9 @@ from perfcast.serve.output import OutputFormat, echo_table
 from perfcast.serve.search import DEFAULT_MAX_LAYOUTS
 
 _err = Console(stderr=True, soft_wrap=True)
-_SHOWN = ("rank", "gpu", "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "zero_stage", "step_ms",
-          "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "tokens_per_s", "usd_per_million_tokens")  # fmt: skip
+_SHOWN = ("rank", "gpu", "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "zero_stage", "dp_replicate",
+          "step_ms", "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "tokens_per_s",
+          "usd_per_million_tokens")  # fmt: skip
 
 
 def search_command(
@@ -34,7 +35,8 @@ def search_command(
     ),
     framework: str | None = typer.Option(
         None, "--framework", help="Training framework (megatron-core, torchtitan, pytorch-fsdp, megatron-deepspeed, "
-        "deepspeed; or nemo, fsdp2 ...): its overlaps and ZeRO stages. Default: none stated (nothing overlapped)."
+        "deepspeed; or nemo, fsdp2 ...): its overlaps and ZeRO stages (torchtitan and FSDP also try one replica "
+        "per NVLink domain, dp_replicate). Default: none stated (nothing overlapped)."
     ),
     price: float | None = typer.Option(None, "--price", help="USD per GPU-hour: rank by cost per step."),
     predictor: str | None = typer.Option(
