@@ -3,9 +3,9 @@
 A layout search (``perfcast search``) scores every layout this module yields. The space
 is Megatron-LM's: tensor parallelism within a node, pipeline stages that divide the
 layers, optional context parallelism, expert parallelism for MoE models, interleaving,
-micro-batch sizes, recomputation, ZeRO stage, hybrid sharding and sequence parallelism. Every layout is
-checked by :func:`~perfcast.features.parallel.check_layout`; the ones that break a rule
-are left out (they are not configs a framework would run).
+micro-batch sizes, recomputation, ZeRO stage, hybrid sharding and sequence parallelism.
+Every layout is checked by :func:`~perfcast.features.parallel.check_layout`; the ones that
+break a rule are left out (they are not configs a framework would run).
 
 Defaults keep the space to what practitioners try: powers of two for the degrees,
 ``sequence_parallel`` on whenever ``tp > 1`` (it saves memory at no step-time cost in
