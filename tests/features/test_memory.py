@@ -200,6 +200,9 @@ def test_peak_memory_table_equals_peak_memory_per_config():
         {**base, "tp": 2, "dp": 4, "finetune": "lora", "lora_rank": 8},
         {**base, "model": "mixtral-8x7b", "tp": 2, "pp": 2, "dp": 4, "ep": 4, "zero_stage": 1, "cp": 2,
          "num_gpus": 32},
+        {**base, "tp": 2, "dp": 4, "recompute": "op-sac", "framework": "torchtitan"},
+        {**base, "tp": 2, "dp": 4, "recompute": "op-sac", "framework": "torchtitan", "finetune": "lora",
+         "lora_rank": 8},  # the adapters' matmuls shift which outputs op-sac keeps
     ]  # fmt: skip
     configs = parse_run_table(pd.DataFrame(rows + rows))  # rows share their spec objects
     got = peak_memory_table(configs)
@@ -210,6 +213,7 @@ def test_peak_memory_table_equals_peak_memory_per_config():
         assert got.loc[i, "fits_memory"] == expected.fits(c.cluster.gpu.mem_gib)
     assert got.loc[0, "peak_mem_gib"] == got.loc[1, "peak_mem_gib"]  # the GPU does not matter
     assert got.loc[2, "activations_gib"] != got.loc[3, "activations_gib"]  # the microbatches in flight do
+    assert got.loc[8, "activations_gib"] != got.loc[9, "activations_gib"]  # so do LoRA adapters under op-sac
     assert not got["fits_memory"].all() and got["fits_memory"].any()
 
 

@@ -211,6 +211,8 @@ def peak_memory_table(configs: Sequence[RunConfig]) -> pd.DataFrame:
 
     def layer_bytes(model: TransformerSpec, p: ParallelConfig, *, moe: bool = False) -> float:
         key = ("act", id(model), p.tp, p.cp, p.micro_batch, p.recompute, p.sequence_parallel, p.flash_attention, moe)
+        if p.recompute is Recompute.OP_SAC:  # read off the layer's nodes: its GEMMs and collectives count too
+            key += (p.ep, p.etp, p.finetune, p.lora_rank, p.dtype, p.document_tokens)
         if key not in counts:
             counts[key] = activation_bytes_per_layer(model, p, moe=moe)
         return counts[key]
