@@ -87,7 +87,9 @@ def search_layouts(
             ``defaulted_fields``) and the step model applies its stack's factors; and without a
             ``space``, the layouts try its ZeRO stages (:data:`~perfcast.features.frameworks.SEARCH_ZERO_STAGES`,
             FSDP's 3 for torchtitan and pytorch-fsdp) and recomputation modes
-            (:data:`~perfcast.features.frameworks.SEARCH_RECOMPUTE`: torchtitan's ``op-sac``). None:
+            (:data:`~perfcast.features.frameworks.SEARCH_RECOMPUTE`: torchtitan's ``op-sac``), and for
+            FSDP stacks one replica per NVLink domain beside full sharding
+            (:data:`~perfcast.features.frameworks.SEARCH_REPLICATE`). None:
             no framework stated, layouts as Megatron-DeepSpeed runs them (nothing overlapped), ZeRO
             0 and 1.
         space: the layout values tried (default :class:`~perfcast.features.layouts.LayoutSpace`).
