@@ -13,6 +13,10 @@ FLOPs and intensity, and the shape-dependent residual model) fitted on k = 5, 20
 measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` sweeps them,
 and uniformly at random from the GPU's ops.
 
+``--sources`` may name ``perfcast-h200``, perfcast's own H200 measurements (the dataset folder
+``data/h200-sxm-141gb``: bf16, fp16, fp32 and fp8 GEMMs, vector ops and fused attention, timed
+with CUDA events around each call), the only Hopper rows.
+
 ``--classes vector`` keeps only that op class's rows (a faster run for one class);
 ``--exclude vidur:silu,vidur:embedding`` leaves out one source's rows of some ops;
 ``--no-timing`` fits the timing-blind model (one launch term for every source's timing
@@ -33,6 +37,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from perfcast.data.dataset import load_dataset
 from perfcast.data.sources import get_reader, read_source
 from perfcast.features.hardware import resolve_gpu_name
 from perfcast.features.op_features import featurize_ops
@@ -50,6 +55,7 @@ FILES = {
     "vidur-ops": "vidur_llm_layer_ops.csv.gz",
     "deepbench-gemm": "deepbench_gemm.csv",
 }
+OWN_DATASETS = {"perfcast-h200": ROOT / "data" / "h200-sxm-141gb"}  # dataset folders in this repository
 
 
 def _markdown(mape: pd.DataFrame, coverage: pd.DataFrame) -> str:
@@ -92,6 +98,9 @@ def main() -> None:
 
     frames = []
     for name in args.sources.split(","):
+        if name in OWN_DATASETS:
+            frames.append(load_dataset(OWN_DATASETS[name], resolve_gpu=resolve_gpu_name).ops)
+            continue
         get_reader(name)
         frames.append(read_source(args.data / FILES[name], reader=name, resolve_gpu=resolve_gpu_name).records)
     records = pd.concat(frames, ignore_index=True)
