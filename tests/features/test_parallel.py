@@ -283,6 +283,15 @@ def test_stated_split_is_checked(layers, pp, vpp, switches, text):
         _split(layers, pp, vpp, **switches)
 
 
+def test_uneven_stage_under_interleaving_names_the_megatron_switches():
+    """Llama 3 405B's split (126 layers over pp=16, one layer less on the first and last stages)
+    under interleaving is stated with the account_for_* switches; the refusal says so."""
+    with _raises(ValueError, "allowed: a multiple of 4; to give the embedding's and the loss's stages one layer"):
+        _split(126, 16, 4, **{FIRST: 7, LAST: 7})
+    split = _split(126, 16, 4, **{EMB: True, LOSS: True})
+    assert sum(split.layers) == 126 and split.layers[0] == 1 and split.layers[-1] == 1
+
+
 def test_stated_stage_layers_must_be_positive():
     with pytest.raises(ValueError, match="first_stage_layers"):
         ParallelConfig(pp=2, global_batch=2, first_stage_layers=0)

@@ -181,9 +181,16 @@ class ParallelConfig(BaseModel):
             if self.pp == 1:
                 raise SpecError(f"{name}={value} needs pp > 1 (it sizes a pipeline stage); got pp=1")
             if value % self.vpp:
+                fix = (
+                    "; to give the embedding's and the loss's stages one layer less under interleaving, state "
+                    "account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split instead (each "
+                    "counts as one layer of the split)"
+                    if not (self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split)
+                    else ""
+                )
                 raise SpecError(
                     f"{name}={value} is not a multiple of vpp={self.vpp}: the stage's {self.vpp} model chunks "
-                    f"hold {name}/vpp layers each"
+                    f"hold {name}/vpp layers each; allowed: a multiple of {self.vpp}{fix}"
                 )
         if stated and (self.account_for_embedding_in_pipeline_split or self.account_for_loss_in_pipeline_split):
             switch = "embedding" if self.account_for_embedding_in_pipeline_split else "loss"
