@@ -14,8 +14,9 @@ measured ops, picked two ways: spread over the shapes as ``perfcast calibrate`` 
 and uniformly at random from the GPU's ops.
 
 ``--sources`` may name ``perfcast-h200``, perfcast's own H200 measurements (the dataset folder
-``data/h200-sxm-141gb``: bf16, fp16, fp32 and fp8 GEMMs, vector ops and fused attention, timed
-with CUDA events around each call), the only Hopper rows.
+``data/h200-sxm-141gb`` of this repository, whatever ``--data`` says: bf16, fp16, fp32 and fp8
+GEMMs, vector ops and fused attention, timed with CUDA events around each call), the only
+Hopper rows. ``--exclude`` cannot select its rows (their ``source`` has no ``name:`` prefix).
 
 ``--classes vector`` keeps only that op class's rows (a faster run for one class);
 ``--exclude vidur:silu,vidur:embedding`` leaves out one source's rows of some ops;
@@ -23,7 +24,7 @@ with CUDA events around each call), the only Hopper rows.
 method, the model before ``timing``); ``--repeats 0`` and ``--no-few-shot`` skip the fit
 timing and the few-shot curve.
 
-Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,neusight-vector]
+Usage: .venv/bin/python benchmarks/op_logo.py [--data DIR] [--sources neusight-gemm,...,perfcast-h200]
        [--classes vector] [--exclude SOURCE:OP,...] [--no-timing] [--repeats N] [--no-few-shot] [--name NAME]
 """
 
