@@ -25,6 +25,13 @@ Two ways of drawing the k ops (``--designs``):
   GEMMs are corrected from another dtype's measurements, as after a real calibration;
 * ``uniform``: k rows drawn uniformly from all the GPU's ops (the class mix of its data).
 
+``--in-training-folds N`` (default 0: off) adds a reference: the GPU's own training-source
+rows scored by N-fold cross-validation with its other rows IN training (with the fold's
+other training rows, at most ``--max-rows-per-gpu`` per GPU), no correction. It is about the
+best the model's features reach on that GPU when thousands of its ops are known, so a
+calibration of ~700 ops that stays above it is limited by the features, not by the
+correction.
+
 Classes the training data has no example of (attention when H200 is held out) are predicted
 by the analytic roofline with no interval, as in ``benchmarks/op_new_gpu_eval.py``.
 
@@ -33,6 +40,7 @@ Writes ``benchmarks/results/<name>.{json,md}`` (default ``op_calibration_curve``
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/op_calibration_curve.py
            [--gpus a100-sxm4-80gb,a40,...,h200-sxm-141gb] [--ks 0,20,100,700]
            [--seeds 3] [--designs mix,sweep,uniform] [--max-rows-per-gpu 20000] [--n-estimators 400]
+           [--in-training-folds 5]
 """
 
 from __future__ import annotations
@@ -172,6 +180,30 @@ def curve(target: pd.DataFrame, base: pd.DataFrame, ks: list[int], seeds: int, d
     return rows
 
 
+def in_training(records: pd.DataFrame, gpu: str, folds: int, max_rows_per_gpu: int, n_estimators: int) -> list[dict]:
+    """Per class: metrics of ``gpu``'s training-source rows predicted by ``folds``-fold models that train on
+    its other rows and the other GPUs' (no interval, no correction)."""
+    own = records[records["train"] & (records["gpu"] == gpu)].reset_index(drop=True)
+    others = training_rows(records, gpu, max_rows_per_gpu)
+    fold_of = np.random.default_rng(0).permutation(len(own)) % folds
+    pred = np.full(len(own), np.nan)
+    for f in range(folds):
+        known = own[fold_of != f]
+        known = known.sample(n=min(len(known), max_rows_per_gpu), random_state=f)
+        train = pd.concat([others, known], ignore_index=True)
+        model = OpTimeRegressor(n_estimators=n_estimators, calibrate=False)
+        model.fit(train, train["measured_ms"].to_numpy(dtype=float))
+        learned = featurize_ops(own[fold_of == f])["op_class"].astype(str).isin(list(model.boosters_)).to_numpy()
+        rows = np.flatnonzero(fold_of == f)[learned]
+        pred[rows] = model.predict(own.iloc[rows])
+    out, none = [], np.full(len(own), np.nan)  # no interval
+    for klass in sorted(own["eval_class"].unique()):
+        m = (own["eval_class"] == klass).to_numpy() & np.isfinite(pred)
+        if m.any():
+            out.append({"gpu": gpu, "eval_class": klass, "folds": folds, **score(own[m], pred[m], none[m], none[m])})
+    return out
+
+
 def _finite(value: object) -> object:
     """``value`` with every non-finite float (a class with no interval) as ``None``, for strict JSON."""
     if isinstance(value, dict):
@@ -250,6 +282,17 @@ def markdown(per_seed: pd.DataFrame, meta: dict) -> str:
                 f"| {int(r['k_class'])} | {int(r['n'])} | {_cell(r['mape'])} | {_cell(r['median_ape'])} "
                 f"| {_cell(r['p90_ape'])} | {_cell(r['coverage'], 100)} | {_cell(r['rel_width'], digits=2)} |"
             )
+    if meta.get("in_training"):
+        lines += [
+            "",
+            f"## Reference: the GPU's own ops in training ({meta['in_training'][0]['folds']}-fold, no correction)",
+            "",
+            "| GPU | class | n scored | MAPE | median APE | p90 APE |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for r in meta["in_training"]:
+            lines.append(f"| {r['gpu']} | {r['eval_class']} | {int(r['n'])} | {_cell(r['mape'])} "
+                         f"| {_cell(r['median_ape'])} | {_cell(r['p90_ape'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -264,6 +307,8 @@ def main() -> None:
     parser.add_argument("--max-rows-per-gpu", type=int, default=20000)
     parser.add_argument("--n-estimators", type=int, default=400, help="Trees per class of the op model.")
     parser.add_argument("--name", default="op_calibration_curve", help="Result file stem under benchmarks/results.")
+    parser.add_argument("--in-training-folds", type=int, default=0,
+                        help="Also score each GPU with its other ops in training, N-fold (0: off).")  # fmt: skip
     args = parser.parse_args()
     started = time.perf_counter()
     ks = [int(k) for k in args.ks.split(",")]
@@ -271,7 +316,7 @@ def main() -> None:
     gpus = args.gpus.split(",")
 
     records = load_records(args.data, args.h200)
-    rows, folds = [], []
+    rows, folds, reference = [], [], []
     for gpu in gpus:
         target = records[records["gpu"] == gpu].reset_index(drop=True)
         if target.empty:
@@ -287,17 +332,20 @@ def main() -> None:
         folds.append({"gpu": gpu, "train_rows": len(train), "target_rows": len(target), "fit_s": fit_s,
                       "curve_s": time.perf_counter() - start})  # fmt: skip
         print(f"{gpu}: fit {fit_s:.0f} s, curves {folds[-1]['curve_s']:.0f} s", flush=True)
+        if args.in_training_folds:
+            reference += in_training(records, gpu, args.in_training_folds, args.max_rows_per_gpu, args.n_estimators)
 
     per_seed = pd.DataFrame(rows)
     command = (
         f"OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/op_calibration_curve.py --gpus {args.gpus} "
         f"--ks {args.ks} --seeds {args.seeds} --designs {args.designs} --max-rows-per-gpu {args.max_rows_per_gpu} "
         f"--n-estimators {args.n_estimators} --name {args.name}"
+        + (f" --in-training-folds {args.in_training_folds}" if args.in_training_folds else "")
     )
     meta = {
         "command": command, "wall_s": time.perf_counter() - started, "gpus": gpus, "ks": ks, "seeds": args.seeds,
         "designs": designs, "max_rows_per_gpu": args.max_rows_per_gpu, "n_estimators": args.n_estimators,
-        "fit_s_total": sum(f["fit_s"] for f in folds), "folds": folds,
+        "fit_s_total": sum(f["fit_s"] for f in folds), "folds": folds, "in_training": reference,
     }  # fmt: skip
     per = per_seed.groupby(["design", "gpu", "eval_class", "k"]).median(numeric_only=True).reset_index()
     summary = per.groupby(["design", "eval_class", "k"])[list(METRICS)].median().reset_index()
