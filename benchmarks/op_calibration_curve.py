@@ -27,10 +27,8 @@ Two ways of drawing the k ops (``--designs``):
 
 ``--in-training-folds N`` (default 0: off) adds a reference: the GPU's own training-source
 rows scored by N-fold cross-validation with its other rows IN training (with the fold's
-other training rows, at most ``--max-rows-per-gpu`` per GPU), no correction. It is about the
-best the model's features reach on that GPU when thousands of its ops are known, so a
-calibration of ~700 ops that stays above it is limited by the features, not by the
-correction.
+other training rows, at most ``--max-rows-per-gpu`` per GPU), no correction: what the pooled
+model makes of thousands of the GPU's ops, beside what the per-GPU correction makes of k.
 
 Classes the training data has no example of (attention when H200 is held out) are predicted
 by the analytic roofline with no interval, as in ``benchmarks/op_new_gpu_eval.py``.
