@@ -11,11 +11,11 @@ the public kernel data in turn, as ``op_logo.py`` does (point predictions of
 :class:`OpTimeRegressor` with ``timing=True``; no interval fit, which leaves the points
 unchanged), and reports per held-out GPU:
 
-* ``novelty``: the Euclidean distance, in descriptors standardised over the class's GPUs, to
-  the nearest other GPU of the class: ``log(TDP / peak)`` and ``log(bandwidth / peak)`` at the
-  class's peak (the dtype's tensor peak for GEMMs, the fp32 vector peak for vector ops),
-  ``release_year`` and ``is_amd``, standardised over all the class's GPUs (those left out of
-  the interval rules below included);
+* ``novelty``: the Euclidean distance to the nearest other GPU of the class in the
+  descriptors ``log(TDP / peak)`` and ``log(bandwidth / peak)`` at the class's peak (the
+  dtype's tensor peak for GEMMs, the fp32 vector peak for vector ops), ``release_year`` and
+  ``is_amd``, each standardised over all the class's GPUs (those left out of the interval
+  rules below included);
 * ``mape`` and ``shift`` (median of ``log(measured / predicted)``, the part one GPU-level
   constant could fix).
 
@@ -28,7 +28,7 @@ prediction, ``|log(measured / predicted)| <= q_g``:
   one width, so this rule is never worse; a best ``beta`` of 0 says novelty adds nothing).
 
 For each rule it searches ``q`` on a grid with the *held-out GPUs' own residuals* (an oracle:
-no rule fitted on training GPUs can do better) and reports whether any ``q`` (and ``beta``)
+no rule of that form fitted on training GPUs can do better) and reports whether any ``q`` (and ``beta``)
 meets both bars, and the best lowest coverage among those whose median is within 85-95%.
 
 Usage: .venv/bin/python benchmarks/op_gpu_novelty.py [--data DIR] [--seed N]
