@@ -22,14 +22,11 @@ training GPUs) shrink toward 1 with the row's extrapolation distance ``d`` (belo
 booster's correction does: ``k ** (1 / (1 + d))``.
 
 By default only ``attention`` gets a factor, pulled toward 1 by ``factor_prior = 0.05``. A
-``compute`` factor is one number for every stack: fitted mostly on the PyTorch-native
-stacks, which run slower than composed physics, it made every Megatron stack slow whenever
-no run of that stack was in training (a framework or source held out). Without it the
-booster carries the stacks' gaps through the switches they state, and shrinks them out of
-domain; a weaker prior let the attention factor absorb the short-sequence runs' residuals
-and over-scale long-sequence ones. The compute factor was dropped on the held-out splits of
-``benchmarks/results/step_transfer_eval.md`` (its before columns are the former default); the
-prior 0.05 over 0.01 was compared in runs not kept.
+``compute`` factor is one number for every stack: fitted on the training stacks' mix, it
+carries their gap to composed physics onto a stack none of whose runs is in training
+(held-out splits: ``benchmarks/results/step_transfer_eval.md``). Without it the booster
+carries the stacks' gaps through the switches they state, and shrinks them out of domain.
+A weaker prior lets the attention factor absorb residuals that are not attention's.
 By default (``stack_factors=None``) the attention factor is fitted per training stack; with
 ``stack_factors`` the listed components' factors are fitted per stack instead. Each
 stack's departure from the global factor is shrunk toward it by ``stack_prior``
