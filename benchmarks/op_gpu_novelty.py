@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-import warnings
 from pathlib import Path
 
 import matplotlib
@@ -52,12 +51,11 @@ import pandas as pd
 from scipy.stats import spearmanr
 
 from perfcast.data.sources import read_source
-from perfcast.errors import OutOfDomainWarning
 from perfcast.features.hardware import HardwareSpec, descriptor_figures, resolve_gpu_name
 from perfcast.features.op_features import featurize_ops
 from perfcast.models.op_interval import key_gpus, op_keys, rare_rows
 from perfcast.models.op_model import OpTimeRegressor
-from perfcast.training.evaluate import evaluation_class
+from perfcast.training.evaluate import evaluate_logo, evaluation_class
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
@@ -93,22 +91,23 @@ def novelty(gpus: list[str], eval_class: str) -> pd.Series:
     return pd.Series({g: float(np.sqrt(((z.drop(index=g) - z.loc[g]) ** 2).sum(axis=1)).min()) for g in gpus})
 
 
-def held_out_predictions(records: pd.DataFrame, seed: int) -> pd.DataFrame:
-    """Point predictions of each GPU's rows by a model fitted on the other GPUs."""
+def held_out_predictions(records: pd.DataFrame, feats: pd.DataFrame, eval_class: pd.Series, seed: int) -> pd.DataFrame:
+    """Per row: its GPU, class, ``lr = log(measured / predicted)`` with the GPU held out
+    (:func:`~perfcast.training.evaluate.evaluate_logo`'s folds) and ``rare``, whether no other
+    training GPU of its fold ran its op key (:func:`~perfcast.models.op_interval.rare_rows`)."""
     y = records["measured_ms"].to_numpy(dtype=float)
-    gpus = records["gpu"].astype(str).to_numpy()
-    feats = featurize_ops(records)
-    keys = op_keys(feats)
-    parts = []
-    for gpu in sorted(set(gpus)):
+    def make_model() -> OpTimeRegressor:
+        return OpTimeRegressor(timing=True, calibrate=False, random_state=seed)
+
+    logo = evaluate_logo(records, y, make_model=make_model, eval_class=eval_class)
+    gpus, keys = records["gpu"].astype(str).to_numpy(), op_keys(feats)
+    rare = np.zeros(len(records), dtype=bool)
+    for gpu in np.unique(gpus):
         test = gpus == gpu
-        model = OpTimeRegressor(timing=True, calibrate=False, random_state=seed).fit(records[~test], y[~test])
-        with warnings.catch_warnings():  # a held-out GPU is out of domain by construction
-            warnings.simplefilter("ignore", OutOfDomainWarning)
-            pred = model.predict(records[test])
-        rare = rare_rows(keys[test], gpus[test], key_gpus(keys[~test], gpus[~test]))
-        parts.append(pd.DataFrame({"gpu": gpu, "lr": np.log(y[test] / pred), "rare": rare}, index=records.index[test]))
-    return pd.concat(parts)
+        rare[test] = rare_rows(keys[test], gpus[test], key_gpus(keys[~test], gpus[~test]))
+    pred = logo.predictions.loc[records.index, "model"].to_numpy()
+    return pd.DataFrame({"gpu": gpus, "eval_class": eval_class.to_numpy(), "lr": np.log(y / pred), "rare": rare},
+                        index=records.index)  # fmt: skip
 
 
 def coverage_table(lr: dict[str, np.ndarray], nov: pd.Series) -> pd.DataFrame:
@@ -145,11 +144,11 @@ def main() -> None:
     for op_class, files in GROUPS.items():
         frames = [read_source(args.data / f, reader=n, resolve_gpu=resolve_gpu_name).records for n, f in files.items()]
         records = pd.concat(frames, ignore_index=True)
-        classes = featurize_ops(records)["op_class"]
-        records = records[(classes == op_class).to_numpy()].reset_index(drop=True)
-        eval_class = evaluation_class(records, featurize_ops(records)["op_class"])
+        records = records[(featurize_ops(records)["op_class"] == op_class).to_numpy()].reset_index(drop=True)
+        feats = featurize_ops(records)
+        eval_class = evaluation_class(records, feats["op_class"])
         print(f"{op_class}: {len(records)} rows, holding out each GPU", flush=True)
-        pred = held_out_predictions(records, args.seed).assign(eval_class=eval_class)
+        pred = held_out_predictions(records, feats, eval_class, args.seed)
         for klass, block in pred.groupby("eval_class"):
             gpus = sorted(block["gpu"].unique())
             nov = novelty(gpus, str(klass))
