@@ -48,7 +48,9 @@ run's dtype, ``N`` the GPU count.
 
 Metrics per (split, test group, predictor): n, MAPE, median APE, p90 APE (percent), coverage
 of the 90% interval and its mean relative width ``(hi - lo) / pred``. The worst
-(split, test group, source, GPU) cells by GBDT MAPE are listed.
+(split, test group, source, GPU) cells by GBDT MAPE are listed, and the leave-one-source-out
+runs are broken down by workload trait and GPU generation (:func:`trait_table`): where the
+model still transfers badly.
 
 Usage: OMP_WAIT_POLICY=PASSIVE .venv/bin/python benchmarks/step_transfer_eval.py
 [--data DIR] [--op-model BUNDLE] [--out PREFIX] [--before EARLIER.json]
@@ -193,6 +195,22 @@ SHIPPED = f"gbdt(scale={DEFAULT_CORRECTION_SCALE:g})"
 """Name of the shipped step model's variant (fitted with the default ``correction_scale``)."""
 RUN_PREDICTORS_SHOWN = (f"{SHIPPED}+bound", "composed", "mfu_fit")
 """Predictors whose held-out predictions the per-run file keeps (ms; with the interval where there is one)."""
+TRAITS: tuple[tuple[str, Callable[[pd.DataFrame], pd.Series]], ...] = (
+    ("dense", lambda r: r["num_experts"].fillna(1) <= 1),
+    ("MoE, at most 32 experts", lambda r: r["num_experts"].between(2, 32)),
+    ("MoE, at least 64 experts", lambda r: r["num_experts"] >= 64),
+    ("LoRA", lambda r: r["finetune"] == "lora"),
+    ("tp > 1", lambda r: r["tp"] > 1),
+    ("pp > 1", lambda r: r["pp"] > 1),
+    ("cp > 1", lambda r: r["cp"] > 1),
+    ("ep > 1", lambda r: r["ep"].fillna(1) > 1),
+    ("sequence of at least 32K tokens", lambda r: r["seq_len"] >= 32768),
+    ("fp8", lambda r: r["dtype"] == "fp8"),
+    ("at most 8 GPUs", lambda r: r["num_gpus"] <= 8),
+    ("more than 512 GPUs", lambda r: r["num_gpus"] > 512),
+)
+"""(name, rows of the per-run frame that have it): the workload traits the held-out error is broken down by,
+each also by GPU generation (``generation`` column). Traits overlap; a run counts under each it has."""
 
 
 def evaluate(
@@ -209,6 +227,7 @@ def evaluate(
     rows = []
     per_run = runs.loc[:, [c for c in RUN_COLUMNS_SHOWN if c in runs]].copy()
     per_run.insert(1, "gpu", [c.cluster.gpu.id for c in table.configs])
+    per_run.insert(2, "generation", [gpu_generation(c.cluster.gpu) for c in table.configs])
     for column in PARSED_SHAPE:
         per_run[column] = [getattr(c.model, column) for c in table.configs]
     for split, train, tests in splits(table):
@@ -271,6 +290,33 @@ def markdown(result: pd.DataFrame, header: list[str], predictors_shown: list[str
         lines.append(f"| {row['split']} | {row['test_group']} | {row['cell']} | {int(row['n'])} | {values} | "
                      f"{_fmt(row['coverage'], True)} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def trait_table(per_run: pd.DataFrame) -> pd.DataFrame:
+    """Held-out (leave-one-source-out) error of the runs with each :data:`TRAITS` trait and each GPU generation.
+
+    Per trait: runs, sources, and for each :data:`RUN_PREDICTORS_SHOWN` predictor the MAPE over the runs
+    (%) and the median of predicted / measured step (below 1: predicted too fast); the shipped model's
+    coverage of its 90% interval (%). Traits no run has are left out.
+    """
+    masks = [(name, rule(per_run)) for name, rule in TRAITS]
+    masks += [(f"generation {g}", per_run["generation"] == g) for g in sorted(per_run["generation"].unique())]
+    measured = per_run["measured_step_ms"].to_numpy(dtype=float)
+    rows = []
+    for name, mask in masks:
+        mask = mask.fillna(False).to_numpy(dtype=bool)
+        if not mask.any():
+            continue
+        row: dict[str, Any] = {"trait": name, "runs": int(mask.sum()), "sources": per_run["source"][mask].nunique()}
+        for pred in RUN_PREDICTORS_SHOWN:
+            ratio = per_run[f"{pred}_ms"].to_numpy(dtype=float)[mask] / measured[mask]
+            row[f"{pred} MAPE"] = float(100 * np.mean(np.abs(ratio - 1)))
+            row[f"{pred} pred/meas"] = float(np.median(ratio))
+        shipped = RUN_PREDICTORS_SHOWN[0]
+        lo, hi = (per_run[f"{shipped}_{s}"].to_numpy(dtype=float)[mask] for s in ("lo_ms", "hi_ms"))
+        row[f"{shipped} coverage"] = float(100 * np.mean((lo <= measured[mask]) & (measured[mask] <= hi)))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def md_table(frame: pd.DataFrame) -> str:
@@ -371,11 +417,19 @@ def main() -> None:
     if args.before is not None:
         header += ["\n## loso before -> after (`--before`; MAPE, coverage of the 90% interval)\n",
                    md_table(before_after(args.before, result, shown))]  # fmt: skip
-    text = markdown(result, header, shown)
+    traits = trait_table(per_run)
+    text = markdown(result, header, shown) + "\n".join([
+        "\n## Held-out error by workload trait (leave-one-source-out runs)\n",
+        "Each run scored by the model fitted without its source, as in `loso`. MAPE in %; `pred/meas` is the "
+        "median of predicted / measured step (below 1: predicted too fast); coverage of the shipped model's "
+        "90% interval in %. A run counts under every trait it has; vTrain's 1,440 runs (dense, A100, "
+        "recomputed, at most 8 GPUs) dominate the traits they share.\n",
+        md_table(traits), ""])  # fmt: skip
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(text)
     payload = {"rows": result.to_dict("records"), "summary": summary.to_dict("records"),
-               "sources": counts.reset_index().to_dict("records"), "seconds": time.perf_counter() - start}  # fmt: skip
+               "sources": counts.reset_index().to_dict("records"), "traits": traits.to_dict("records"),
+               "seconds": time.perf_counter() - start}  # fmt: skip
     args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=float))
     per_run.round(3).to_csv(args.out.with_name(f"{args.out.name}_loso_runs.csv"), index=False)
     log(f"wrote {args.out.with_suffix('.md')}")
