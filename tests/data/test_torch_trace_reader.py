@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from perfcast.data.readers.aten import (
@@ -413,8 +413,33 @@ def test_fuzz_random_json_only_raises_dataset_error(trace: object) -> None:
     _only_dataset_errors(trace)
 
 
+def _x_event(cat: str, name: str, ext: int, dur: float, dims: list) -> dict:
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": 0,
+        "ts": 0.0,
+        "dur": dur,
+        "args": {"External id": ext, "correlation": ext, "device": 0, "Input Dims": dims, "Input type": ["float"]},
+    }
+
+
+_SUBNORMAL_KERNEL = {
+    "traceEvents": [
+        _x_event("cpu_op", "aten::mm", 0, 0.0, []),
+        _x_event("cpu_op", "aten::softmax", 1, 0.0, [[]]),
+        _x_event("kernel", "aten::mm", 1, 5e-324, []),
+    ],
+    "deviceProperties": [],
+}
+"""A kernel of 5e-324 us (subnormal): its time underflows to 0 ms, so the op is skipped, not emitted."""
+
+
 @_FUZZ
 @given(_trace, st.sampled_from([None, "dev"]))
+@example(_SUBNORMAL_KERNEL, "dev")
 def test_fuzz_random_events_only_raise_dataset_error(trace: dict, device: str | None) -> None:
     _only_dataset_errors(trace, device)
 

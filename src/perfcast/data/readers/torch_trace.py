@@ -432,12 +432,13 @@ def _occurrences(
         else:
             time_us, timing = op.end - op.ts, TIMING_CPU
             gpu = device or HOST_DEVICE
-        if not time_us > 0:
+        time_ms = time_us / US_PER_MS
+        if not time_ms > 0:  # checked in ms: a subnormal microsecond count underflows to 0 ms
             summary.add(op.name, "non-positive time", dims=op.dims_text)
             continue
         row = dict(op.row)
         row["backward"] = bool(row.get("backward", False) or op.backward)
-        rows.append({**row, "gpu": gpu, "timing": timing, "time_ms": time_us / US_PER_MS, "aten_op": op.name})
+        rows.append({**row, "gpu": gpu, "timing": timing, "time_ms": time_ms, "aten_op": op.name})
     return rows
 
 
