@@ -10,7 +10,14 @@ import pytest
 from perfcast.errors import SpecError, UnknownEntryError
 from perfcast.features.model import TransformerSpec
 from perfcast.features.parallel import Finetune, Recompute
-from perfcast.features.run_config import DEFAULT_LORA_RANK, parse_run_row
+from perfcast.features.run_config import (
+    DEFAULT_LORA_RANK,
+    MODEL_STYLE_FIELDS,
+    MOE_SHAPE_FIELDS,
+    misspelt_inputs,
+    parse_run_row,
+    parse_run_table,
+)
 
 
 def test_preset_with_overrides():
@@ -200,6 +207,9 @@ def test_sft_is_full_parameter_training_with_the_same_graph():
         parse_run_row({**LLAMA_ON_8, "finetune": "sft", "lora_rank": 8})
 
 
+BY_FIELDS = {"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000}
+
+
 def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     stated = parse_run_row({**LLAMA_ON_8, "sequence_parallel": True, "zero_stage": 1, "overlap_grad_reduce": False,
                             "gpus_per_node": 8, "framework": "megatron-deepspeed", "tp_comm_overlap": False,
@@ -208,9 +218,14 @@ def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     bare = parse_run_row({"model": "llama2-7b", "gpu": "h100-sxm5-80gb"})
     assert set(bare.defaulted) == {"micro_batch", "global_batch", "dtype", "recompute", "flash_attention", "num_gpus",
                                    "framework", "cuda_graphs"}  # fmt: skip
-    by_fields = parse_run_row({"num_layers": 2, "hidden_size": 256, "num_heads": 4, "vocab_size": 1000,
-                               "gpu": "h100-sxm5-80gb"})  # fmt: skip
-    assert {"seq_len", "ffn_hidden_size", "num_kv_heads"} <= set(by_fields.defaulted)
+    by_fields = parse_run_row({**BY_FIELDS, "gpu": "h100-sxm5-80gb"})
+    assert {"seq_len", "ffn_hidden_size", "num_kv_heads", *MODEL_STYLE_FIELDS} <= set(by_fields.defaulted)
+    assert not set(MOE_SHAPE_FIELDS) & set(by_fields.defaulted)
+    moe = parse_run_row({**BY_FIELDS, "num_experts": 8, "gpu": "h100-sxm5-80gb"})
+    assert set(MOE_SHAPE_FIELDS) <= set(moe.defaulted)
+    swiglu = parse_run_row({**BY_FIELDS, "gated_mlp": True, "gpu": "h100-sxm5-80gb"})
+    assert "gated_mlp" not in swiglu.defaulted and "norm" in swiglu.defaulted
+    assert not set(MODEL_STYLE_FIELDS) & set(bare.defaulted)  # a preset states its architecture
     # a fine-tuning run may pack its documents: the whole-sequence default is named
     assert "document_tokens" in parse_run_row({**LLAMA_ON_8, "finetune": "sft"}).defaulted
     assert "document_tokens" not in parse_run_row({**LLAMA_ON_8, "finetune": "sft", "document_tokens": 256}).defaulted
@@ -218,6 +233,19 @@ def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     from_reader = parse_run_row({**LLAMA_ON_8, "defaulted_fields": "vpp, overlap_grad_reduce", "tp": 1, "dp": 8})
     assert from_reader.defaulted[:2] == ("vpp", "overlap_grad_reduce")  # the reader's names first, once each
     assert from_reader.defaulted.count("overlap_grad_reduce") == 1
+
+
+@pytest.mark.parametrize(
+    ("column", "field"), [("TP", "tp"), ("global_batch_size", "global_batch"), ("tensor_model_parallel_size", "tp")]
+)
+def test_an_input_spelt_another_way_is_an_error_not_ignored(column: str, field: str) -> None:
+    with pytest.raises(SpecError, match=f"'{column}' as '{field}'"):
+        parse_run_row({**LLAMA_ON_8, column: 2})
+    table = pd.DataFrame([{**LLAMA_ON_8, column: 2}, {**LLAMA_ON_8, column: None}, {**LLAMA_ON_8, "notes": "x"}])
+    first, empty, other = parse_run_table(table)
+    assert isinstance(first, SpecError) and f"'{column}' as '{field}'" in str(first)
+    assert not isinstance(empty, Exception) and not isinstance(other, Exception)  # empty cells and other columns pass
+    assert misspelt_inputs(["notes", "tp", column]) == {column: field}
 
 
 # ------------------------------------------------------------------ uneven pipeline stages

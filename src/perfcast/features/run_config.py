@@ -11,7 +11,7 @@ defaults to ``tp*pp*dp*cp``. The ``framework`` (default ``megatron-deepspeed``) 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,11 @@ RUN_BOOL_FIELDS = frozenset({*RUN_BOOL_COLUMNS, "bias"})
 
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """The model fields a row must give when it names no preset or config (the rest have defaults)."""
+MODEL_STYLE_FIELDS = ("gated_mlp", "activation", "norm", "position_embedding", "tied_embeddings", "bias")
+"""Architecture choices of a model given by fields that change its time or memory; their defaults
+(:class:`~perfcast.features.model.TransformerSpec`: GPT-style) are named in ``defaulted_fields``."""
+MOE_SHAPE_FIELDS = ("top_k", "moe_ffn_hidden_size", "moe_layer_freq")
+"""Expert fields of an MoE model given by fields whose defaults are named in ``defaulted_fields``."""
 DEFAULT_LORA_RANK = 16
 """Adapter rank of a ``finetune=lora`` row that states none (or 0)."""
 
@@ -83,6 +88,7 @@ def filled_lora_rank(finetune: Any, lora_rank: Any) -> int | None:
     that states no ``lora_rank`` (or 0); None where the run's own rank stands."""
     lora = str(getattr(finetune, "value", finetune) or "").strip().lower() == Finetune.LORA.value
     return DEFAULT_LORA_RANK if lora and not lora_rank else None
+
 
 DEFAULTED_COLUMN = "defaulted_fields"
 """Run-table column naming, comma-separated, the inputs a default filled (readers' and the parser's)."""
@@ -145,6 +151,9 @@ def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
+    misspelt = {c: f for c, f in misspelt_inputs(row).items() if cell_holds_value(row[c])}
+    if misspelt:
+        raise _misspelt_error(misspelt)
     cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and cell_holds_value(row[n])}
     return _RowParser(model_source).parse(cells)
 
@@ -156,17 +165,59 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
     layout share one checked spec object, built once.
     """
     columns = {n: _column_cells(n, runs[n]) for n in RUN_INPUT_FIELDS if n in runs.columns}
+    misspelt = misspelt_inputs(runs.columns)
+    stated = {c: runs[c].map(cell_holds_value).to_numpy(dtype=bool) for c in misspelt}
     parser = _RowParser(model_source)
     out: list[RunConfig | PerfcastError] = []
     names = list(columns)
     rows = zip(*columns.values(), strict=True) if names else [()] * len(runs)
-    for values in rows:
+    for i, values in enumerate(rows):
         cells = {n: v for n, v in zip(names, values, strict=True) if v is not _ABSENT}
         try:
+            wrong = {c: f for c, f in misspelt.items() if stated[c][i]}
+            if wrong:
+                raise _misspelt_error(wrong)
             out.append(parser.parse(cells))
         except PerfcastError as exc:
             out.append(exc)
     return out
+
+
+INPUT_ALIASES = {
+    "tensor_model_parallel_size": "tp", "pipeline_model_parallel_size": "pp", "data_parallel_size": "dp",
+    "context_parallel_size": "cp", "expert_model_parallel_size": "ep", "expert_tensor_parallel_size": "etp",
+    "virtual_pipeline_model_parallel_size": "vpp",
+    "micro_batch_size": "micro_batch", "global_batch_size": "global_batch", "seq_length": "seq_len",
+    "num_attention_heads": "num_heads", "num_query_groups": "num_kv_heads", "num_moe_experts": "num_experts",
+    "moe_router_topk": "top_k", "padded_vocab_size": "vocab_size", "recompute_granularity": "recompute",
+    "world_size": "num_gpus",
+}  # fmt: skip
+"""Megatron-LM argument names (and the like) of run-table inputs -> the input a run table spells them as."""
+
+
+def misspelt_inputs(columns: Iterable[str]) -> dict[str, str]:
+    """Columns that are not run-table inputs but name one another way -> that input.
+
+    A column is misspelt when it equals an input in another case (``TP``) or is an
+    :data:`INPUT_ALIASES` name (``global_batch_size``). Other columns pass through unread.
+    """
+    inputs = {name.lower(): name for name in RUN_INPUT_FIELDS}
+    out = {}
+    for column in columns:
+        if not isinstance(column, str) or column in RUN_INPUT_FIELDS:
+            continue
+        key = column.strip().lower()
+        target = inputs.get(key) or INPUT_ALIASES.get(key)
+        if target is not None:
+            out[column] = target
+    return out
+
+
+def _misspelt_error(misspelt: Mapping[str, str]) -> SpecError:
+    """The error of a row that states values under :func:`misspelt_inputs` columns (which would go unread)."""
+    spelt = ", ".join(f"{column!r} as {field!r}" for column, field in misspelt.items())
+    return SpecError(f"columns {', '.join(map(repr, misspelt))} are not run-table inputs and would be ignored; "
+                     f"write {spelt} (input names are lowercase, docs/run_table.md)")  # fmt: skip
 
 
 _ABSENT = object()
@@ -290,7 +341,8 @@ def defaulted_names(
 
     Parallel degrees (``tp, pp, dp, cp, ep``) are not listed: an absent degree means no such
     parallelism. A preset's or config file's model fields are stated by it; a model given
-    by fields lists the shape fields it left to their defaults. Given the ``model``, the
+    by fields lists the shape fields (:data:`MODEL_STYLE_FIELDS`; for an MoE model also
+    :data:`MOE_SHAPE_FIELDS`) it left to their defaults. Given the ``model``, the
     uneven-pipeline switches that :func:`~perfcast.features.parallel.pipeline_split` chose
     (``pp * vpp`` not dividing the layers, no switch stated) are listed last, by name
     (``pipeline_layout`` for its fallback split, which no column states). An absent
@@ -299,10 +351,13 @@ def defaulted_names(
     switches (``torch_compile`` never: perfcast does not model it).
     """
     p = parallel
+    moe_by_fields = model_by_fields and model is not None and model.is_moe
     relevant = {
         "seq_len": model_by_fields,
         "ffn_hidden_size": model_by_fields,
         "num_kv_heads": model_by_fields,
+        **dict.fromkeys(MODEL_STYLE_FIELDS, model_by_fields),
+        **dict.fromkeys(MOE_SHAPE_FIELDS, moe_by_fields),
         "micro_batch": True,
         "global_batch": True,
         "dtype": True,
