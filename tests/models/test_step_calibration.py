@@ -11,6 +11,7 @@ import pytest
 
 from perfcast.errors import BundleError, SpecError
 from perfcast.features.run_config import parse_run_row
+from perfcast.models.physics_bounds import MFUCeiling
 from perfcast.models.step_calibration import (
     CALIBRATION_COLUMN,
     SHRINK_RUNS,
@@ -90,8 +91,8 @@ class _Fixed:
 
 
 def test_calibrated_predictor_scales_only_the_corrected_clusters() -> None:
-    a100 = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 8})
-    h100 = parse_run_row({"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "global_batch": 8})
+    a100 = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 1})  # 5 ms at peak
+    h100 = parse_run_row({"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "global_batch": 1})
     corr = fit_step_correction(config_cluster_key(a100), np.full(4, 300.0), np.full(4, 100.0), predictor="fixed")
     calibrated = CalibratedStepPredictor(_Fixed(), {corr.cluster: corr})
     out = calibrated.predict_configs([a100, h100, a100])
@@ -102,6 +103,18 @@ def test_calibrated_predictor_scales_only_the_corrected_clusters() -> None:
     assert out.loc[0, "step_lo_ms"] < out.loc[0, "step_ms"] < out.loc[0, "step_hi_ms"]
     assert out.loc[0, "compute_ms"] == pytest.approx(6 * corr.factor)
     assert out["composed_step_ms"].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_a_correction_never_speeds_a_step_past_the_mfu_ceiling() -> None:
+    a100 = parse_run_row({"model": "gpt3-125m", "gpu": "a100-sxm4-80gb", "global_batch": 1})
+    h100 = parse_run_row({"model": "gpt3-125m", "gpu": "h100-sxm5-80gb", "global_batch": 1})
+    fast = fit_step_correction(config_cluster_key(a100), np.full(4, 1.0), np.full(4, 10.0), predictor="fixed")
+    out = CalibratedStepPredictor(_Fixed(), {fast.cluster: fast}).predict_configs([a100, h100])
+    at_peak = MFUCeiling().floor_ms([a100])[0]  # 100% of the dense peak: no step-model ceiling
+    assert 10 * fast.factor < at_peak  # the correction alone would beat the hardware
+    assert out.loc[0, "step_ms"] == pytest.approx(at_peak) and out.loc[0, "step_lo_ms"] >= at_peak
+    assert out.loc[0, "compute_ms"] / out.loc[0, "step_ms"] == pytest.approx(0.6)  # parts keep their shares
+    assert out.loc[1, "step_ms"] == 10.0  # an uncorrected row is the base's
 
 
 def test_json_round_trip_and_store(tmp_path) -> None:

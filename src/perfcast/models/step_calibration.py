@@ -66,6 +66,7 @@ from perfcast.models.correction_store import (
     screen_measurements,
     summarize_reasons,
 )
+from perfcast.models.physics_bounds import MFUCeiling, apply_floor
 from perfcast.models.predictor_protocol import StepTimePredictor
 
 __all__ = [
@@ -297,7 +298,9 @@ class CalibratedStepPredictor:
         :data:`CALIBRATION_COLUMN`: the label of the correction applied to the row, "" where
         none was. The step, its interval and each breakdown part are multiplied by the
         row's factor (:meth:`ClusterCorrection.row_factors`); with component factors, each
-        part by its own (so the parts still add up to the step); ``composed_step_ms`` stays."""
+        part by its own (so the parts still add up to the step); ``composed_step_ms`` stays. A
+        step the correction makes faster than the base's MFU ceiling (``base.mfu_ceiling``, else
+        100% of the dense peak) is raised to it, with its interval and parts, as the base's own."""
         frame = self.base.predict_configs(configs, coverage=coverage)
         if not len(frame):
             return frame.assign(**{CALIBRATION_COLUMN: pd.Series(dtype=object)})
@@ -312,5 +315,15 @@ class CalibratedStepPredictor:
                 if f"{part}_ms" in scale:
                     scale.loc[rows, f"{part}_ms"] = f
         frame[timed] = frame[timed] * scale
+        # a correction that speeds a step up stops at the base's MFU ceiling, as the base does
+        ceiling = getattr(self.base, "mfu_ceiling", None) or MFUCeiling()
+        before = frame["step_ms"].to_numpy(dtype=float)
+        corrected = np.array([c is not None for c in applied])
+        floor = np.where(corrected, ceiling.floor_ms(configs), 0.0)  # the base answers for its own rows
+        frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
+            before, frame["step_lo_ms"], frame["step_hi_ms"], floor
+        )
+        parts = [c for c in timed if c not in ("step_ms", "step_lo_ms", "step_hi_ms")]
+        frame[parts] = frame[parts].mul(frame["step_ms"].to_numpy() / before, axis=0)  # still adding up to the step
         frame[CALIBRATION_COLUMN] = np.array([c.label if c is not None else "" for c in applied], dtype=object)
         return frame

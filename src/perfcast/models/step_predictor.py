@@ -123,6 +123,11 @@ class StepPredictor:
         """Whether predictions carry an ``out_of_domain`` column (the op predictor can flag rows)."""
         return self.op_predictor.flags_out_of_domain
 
+    @property
+    def mfu_ceiling(self) -> MFUCeiling:
+        """The MFU ceiling no step prediction exceeds: the step model's, else 100% of the dense peak."""
+        return getattr(self.step_model, "mfu_ceiling_", None) or MFUCeiling()
+
     @classmethod
     def analytic(cls) -> StepPredictor:
         """Roofline op times and alpha-beta collectives composed, no learning, no interval."""
@@ -157,9 +162,8 @@ class StepPredictor:
             frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"] = pred, interval[:, 0], interval[:, 1]
         if self.step_model is None and not self.op_predictor.has_interval:
             frame["step_lo_ms"] = frame["step_hi_ms"] = np.nan
-        ceiling = getattr(self.step_model, "mfu_ceiling_", None) or MFUCeiling()
         frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
-            frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], ceiling.floor_ms(configs)
+            frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], self.mfu_ceiling.floor_ms(configs)
         )
         parts = [c for c in frame.columns if c not in _STEP_COLUMNS]
         if getattr(self.step_model, "factors_", None) is not None:  # the physical factors' parts: their own share first

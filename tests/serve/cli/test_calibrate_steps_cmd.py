@@ -59,6 +59,14 @@ def test_missing_or_unusable_measurements_are_named() -> None:
     assert "row 2: measured_step_ms=-5" in str(err.value)
 
 
+def test_a_measured_step_faster_than_the_peak_allows_is_refused() -> None:
+    runs = _measured(2.0)
+    runs.loc[0, "measured_step_ms"] = 1e-3  # microseconds written as ms, say
+    corrections, _, refused = fit_step_corrections(runs, StepPredictor.analytic())
+    assert corrections[0].n_runs == 2
+    assert any(r.startswith("row 0: measured_step_ms=0.001 implies MFU") and "check the unit" in r for r in refused)
+
+
 def test_cli_stores_the_correction_and_predict_steps_applies_it(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("PERFCAST_CALIBRATION_DIR", str(tmp_path / "cal"))
     runs = _measured(2.0)
@@ -112,11 +120,11 @@ def test_cli_names_implausible_and_outlying_rows_and_fits_without_them(tmp_path,
     result = _invoke_calibration(tmp_path, runs)
     assert result.exit_code == 0, result.output
     out = _flat(result.output)
-    assert "row 3: measured_step_ms=1e-300 is" in out and "row 4: measured_step_ms=" in out and "344x" in out
-    assert "row 5: outlier" in out
+    assert "row 3: measured_step_ms=1e-300 implies MFU" in out  # faster than the GPU's peak
+    assert "row 4: measured_step_ms=" in out and "344x" in out and "row 5: outlier" in out
     (corr,) = load_step_corrections(tmp_path / "cal" / "steps", "analytic").values()
     assert corr.n_runs == 3 and corr.log_residuals == pytest.approx([np.log(2.0)] * 3)
-    assert len(corr.excluded) == 3
+    assert len(corr.excluded) == 2  # row 3 was refused before the cluster's fit
 
 
 def test_cli_refuses_a_table_where_no_row_is_plausible(tmp_path, monkeypatch) -> None:
@@ -125,8 +133,8 @@ def test_cli_refuses_a_table_where_no_row_is_plausible(tmp_path, monkeypatch) ->
     result = _invoke_calibration(tmp_path, runs)
     assert result.exit_code == 2
     assert (
-        "error: no usable run to calibrate cluster" in result.output
-        and "row 0: measured_step_ms=1e-300" in result.output
+        "error: no measured row is a plausible step of a valid config" in result.output
+        and "row 0: measured_step_ms=1e-300 implies MFU" in result.output
     )
     assert not (tmp_path / "cal").exists()
 

@@ -3,8 +3,9 @@
 The input is a run table whose rows carry ``measured_step_ms`` (one to five runs per
 cluster are enough; see :mod:`perfcast.models.step_calibration`). Each cluster's runs are
 predicted without calibration, screened (a row with a measured value that is not a
-positive finite time, lies more than 20x off the prediction, is an outlier among its
-cluster's runs, or is not a valid config is left out and named with its reason), a
+positive finite time, implies an MFU above 100% of the GPUs' peak, lies more than 20x off the
+prediction, is an outlier among its cluster's runs, or is not a valid config is left out and
+named with its reason), a
 correction (a shift and, from the predictor's breakdown of each run, a time factor for
 attention, the rest of the compute and exposed communication) is fitted per cluster for the
 step predictor used and stored in the ``steps``
@@ -30,6 +31,9 @@ from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_cal
 from perfcast.serve.cli._guard import user_errors
 
 MEASURED_COLUMN = "measured_step_ms"
+MAX_MEASURED_MFU = 1.0
+"""A measured step whose model FLOPs exceed this share of the GPUs' dense peak is refused: no run
+computes faster than its hardware's peak (it is a wrong unit or timing scope)."""
 _err = Console(stderr=True, soft_wrap=True)
 
 
@@ -58,6 +62,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
     from perfcast.features.run_config import parse_run_row
     from perfcast.models.calibration import predictor_identity
     from perfcast.models.correction_store import summarize_reasons
+    from perfcast.models.physics_bounds import measured_mfu
     from perfcast.models.step_calibration import config_cluster_key, fit_step_correction
     from perfcast.serve.batch import predict_steps_table
 
@@ -81,9 +86,23 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
     usable = numeric & valid
     if not usable.any():
         raise SpecError(f"no row is both a valid config and measured: {summarize_reasons(refused)}")
+    configs = {pos: parse_run_row(runs.iloc[pos].to_dict()) for pos in np.flatnonzero(usable)}
+    if configs:  # a measured step faster than the GPUs' peak compute is not a step of this config
+        mfu = measured_mfu(list(configs.values()), measured[list(configs)])
+        for pos, value in zip(list(configs), mfu, strict=True):
+            if measured[pos] > 0 and value > MAX_MEASURED_MFU:  # other values: screened with their own reason
+                refused.append(
+                    f"{labels[pos]}: {MEASURED_COLUMN}={measured[pos]:g} implies MFU {value:.3g}, above "
+                    f"{MAX_MEASURED_MFU:.0%} of the GPUs' dense peak: check the unit (ms) and that it times one "
+                    "whole training step"
+                )
+                usable[pos] = False
+                del configs[pos]
+    if not usable.any():
+        raise SpecError(f"no measured row is a plausible step of a valid config: {summarize_reasons(refused)}")
     keys = np.full(len(runs), "", dtype=object)
-    for pos in np.flatnonzero(usable):
-        keys[pos] = config_cluster_key(parse_run_row(runs.iloc[pos].to_dict()))
+    for pos, config in configs.items():
+        keys[pos] = config_cluster_key(config)
     identity = predictor_identity(predictor)
     name = str(predictor.name)
     pred = predicted["step_ms"].to_numpy(dtype=float)
