@@ -135,8 +135,15 @@ def test_tp_must_divide_ffn():
 
 
 def test_more_virtual_stages_than_layers_is_refused():
-    with _raises(SpecError, "pp*vpp=2*4=8 exceeds num_layers=4: every virtual pipeline stage needs a layer"):
+    with _raises(SpecError, "pp*vpp=2*4=8 exceeds num_layers=4: every virtual pipeline stage needs a layer; "
+                            "allowed: vpp at most 2"):  # fmt: skip
         check_layout(GPT, ParallelConfig(pp=2, vpp=4, global_batch=8), _cluster(2))
+    six = GPT.model_copy(update={"num_layers": 6})  # 6 + embedding + loss = 8 stages: the switches are named
+    with _raises(SpecError, "or state account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split"):
+        check_layout(six, ParallelConfig(pp=2, vpp=4, global_batch=8), _cluster(2))
+    counted = ParallelConfig(pp=2, vpp=4, global_batch=8, account_for_embedding_in_pipeline_split=True,
+                             account_for_loss_in_pipeline_split=True)  # fmt: skip
+    check_layout(six, counted, _cluster(2))
 
 
 def test_pp_not_dividing_layers_takes_the_default_split():
@@ -145,7 +152,7 @@ def test_pp_not_dividing_layers_takes_the_default_split():
 
 
 def test_interleaved_schedule_needs_microbatches_multiple_of_pp():
-    with _raises(SpecError, "(3) to be a multiple of pp=2"):
+    with _raises(SpecError, "= 3, to be a multiple of pp=2; allowed: a global_batch that makes it one (a multiple of 2)"):  # noqa: E501
         check_layout(GPT, ParallelConfig(pp=2, vpp=2, global_batch=3), _cluster(2))
 
 

@@ -335,8 +335,9 @@ def check_layout(model: TransformerSpec, parallel: ParallelConfig, cluster: Clus
     pipeline_split(m.num_layers, p)
     if p.vpp > 1 and p.num_microbatches % p.pp:
         raise SpecError(
-            f"the interleaved schedule (vpp={p.vpp}) needs the number of microbatches "
-            f"({p.num_microbatches}) to be a multiple of pp={p.pp}"
+            f"the interleaved schedule (vpp={p.vpp}) needs the number of microbatches, global_batch / "
+            f"(micro_batch * dp) = {p.num_microbatches}, to be a multiple of pp={p.pp}; allowed: a global_batch "
+            f"that makes it one (a multiple of {p.micro_batch * p.dp * p.pp}), or vpp=1"
         )
     if m.seq_len % p.cp:
         raise SpecError(f"cp={p.cp} does not divide seq_len={m.seq_len}")
@@ -478,8 +479,13 @@ def _split(
     if num_layers % n_virtual == 0:
         return PipelineSplit((num_layers // n_virtual,) * n_virtual, pp, vpp)
     if n_virtual > num_layers:
+        switches = {1: "account_for_loss_in_pipeline_split",
+                    2: "account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split"}  # fmt: skip
+        counted = [n for n in switches if num_layers + n == n_virtual]
+        hint = f", or state {switches[counted[0]]} (num_layers+{counted[0]}={n_virtual})" if counted else ""
         raise SpecError(
-            f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs a layer"
+            f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs a "
+            f"layer; allowed: vpp at most {max(num_layers // pp, 1)}{hint}"
         )
     emb_name, loss_name = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
     for emb, loss, names in ((True, True, (emb_name, loss_name)), (False, True, (loss_name,))):
