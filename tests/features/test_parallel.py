@@ -152,7 +152,8 @@ def test_pp_not_dividing_layers_takes_the_default_split():
 
 
 def test_interleaved_schedule_needs_microbatches_multiple_of_pp():
-    with _raises(SpecError, "= 3, to be a multiple of pp=2; allowed: a global_batch that makes it one (a multiple of 2)"):  # noqa: E501
+    allowed = "allowed: a global_batch that makes it one (a multiple of 2)"
+    with _raises(SpecError, f"= 3, to be a multiple of pp=2; {allowed}"):
         check_layout(GPT, ParallelConfig(pp=2, vpp=2, global_batch=3), _cluster(2))
 
 
