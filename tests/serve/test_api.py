@@ -189,6 +189,12 @@ def test_search_ranks_layouts_and_names_bad_input() -> None:
     assert sharded and set(sharded) == {3}
     jax = client.post("/v1/search", json={**body, "framework": "maxtext"})
     assert jax.status_code == 422 and "JAX/XLA stack" in jax.json()["detail"]
+    two = {**body, "gpus": ["a100-sxm4-80gb", "h100-sxm5-80gb"]}
+    priced = client.post("/v1/search", json={**two, "price_per_gpu_hour": [1.0, 3.0]})
+    assert priced.status_code == 200, priced.text
+    assert all(r["usd_per_step"] == pytest.approx(r["step_ms"] / 3.6e6 * 4 * {"a100-sxm4-80gb": 1.0}.get(r["gpu"], 3.0))
+               for r in priced.json()["layouts"])  # fmt: skip
+    assert client.post("/v1/search", json={**two, "price_per_gpu_hour": [1.0, 2.0, 3.0]}).status_code == 422
 
 
 # ------------------------------------------------------------------ hardening

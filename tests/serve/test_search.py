@@ -42,6 +42,17 @@ def test_price_ranks_gpu_types_by_cost() -> None:
     pd.testing.assert_series_equal(out["usd_per_step"], expected, check_names=False)
 
 
+def test_each_gpu_type_gets_its_own_price() -> None:
+    gpus = ["a100-sxm4-80gb", "h100-sxm5-80gb"]
+    out = search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), space=SMALL,
+                         price_per_gpu_hour=[1.0, 4.0]).ranked  # fmt: skip
+    price = out["gpu"].map(dict(zip(gpus, [1.0, 4.0], strict=True)))
+    pd.testing.assert_series_equal(out["usd_per_step"], out["step_ms"] / 3.6e6 * 8 * price, check_names=False)
+    assert out["usd_per_step"].is_monotonic_increasing and out["gpu"].iloc[0] == "a100-sxm4-80gb"
+    with pytest.raises(SpecError, match="3 prices for 2 GPU types; allowed: one for all, or one per GPU type"):
+        search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=[1, 2, 3])
+
+
 def test_nothing_fits_and_bad_input_are_named() -> None:
     with pytest.raises(SpecError, match="fits in memory"):
         search_layouts("gpt3-175b", ["t4"], 1, 1, predictor=StepPredictor.analytic(), dtype=DType.FP16)

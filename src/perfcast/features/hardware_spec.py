@@ -216,7 +216,8 @@ class HardwareSpec(BaseModel):
                 return float(value)
         raise SpecError(
             f"{self.id} has no {dt.value} peak in the catalog: {' and '.join(fields)} "
-            f"{'is' if len(fields) == 1 else 'are'} empty"
+            f"{'is' if len(fields) == 1 else 'are'} empty (no source the catalog cites states it); choose "
+            "another GPU, or load your own entry with HardwareSpec.from_file"
         )
 
     def vector_tflops(self, dtype: DType | str = DType.FP32) -> float:

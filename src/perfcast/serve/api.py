@@ -148,6 +148,8 @@ def _run_row_field(name: str) -> tuple[Any, Any]:
 RunRow = create_model("RunRow", __base__=_RunRowBase, **{name: _run_row_field(name) for name in RUN_INPUT_FIELDS})  # type: ignore[call-overload]
 
 
+_Price = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""A price in USD per GPU-hour."""
 _Coverage = Field(DEFAULT_COVERAGE, gt=0.0, lt=1.0, allow_inf_nan=False)
 
 
@@ -192,7 +194,9 @@ class SearchRequest(BaseModel):
         None, max_length=64, description="Training framework (megatron-core, torchtitan, pytorch-fsdp ...): its "
         "overlaps and ZeRO stages; none: nothing overlapped"
     )
-    price_per_gpu_hour: float | None = Field(None, gt=0, allow_inf_nan=False, description="USD; ranks by cost per step")
+    price_per_gpu_hour: _Price | Annotated[list[_Price], Field(min_length=1, max_length=16)] | None = Field(
+        None, description="USD per GPU-hour, one for all GPUs or one per entry of gpus; ranks by cost per step"
+    )
     coverage: float = _Coverage
     calibration: bool = Field(True, description="Apply the service's stored corrections (perfcast calibrate steps)")
     top: int = Field(20, ge=1, le=10_000, description="Layouts returned, best first")

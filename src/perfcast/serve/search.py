@@ -47,6 +47,22 @@ class SearchResult:
     n_out_of_memory: int
 
 
+def _prices(price_per_gpu_hour: float | Sequence[float] | None, n_gpus: int) -> list[float] | None:
+    """One checked price per entry of the search's ``gpus`` (None: no price)."""
+    if price_per_gpu_hour is None:
+        return None
+    given = [price_per_gpu_hour] if isinstance(price_per_gpu_hour, int | float) else list(price_per_gpu_hour)
+    for value in given:
+        if not 0 < value < math.inf:
+            raise SpecError(f"price_per_gpu_hour={value} must be a positive finite number (USD per GPU-hour)")
+    if len(given) not in (1, n_gpus):
+        raise SpecError(
+            f"price_per_gpu_hour has {len(given)} prices for {n_gpus} GPU types; allowed: one for all, "
+            "or one per GPU type in their order"
+        )
+    return given * n_gpus if len(given) == 1 else given
+
+
 def search_layouts(
     model: str | Mapping[str, Any],
     gpus: Sequence[str],
@@ -63,7 +79,7 @@ def search_layouts(
     document_tokens: int | None = None,
     framework: str | None = None,
     space: LayoutSpace | None = None,
-    price_per_gpu_hour: float | None = None,
+    price_per_gpu_hour: float | Sequence[float] | None = None,
     coverage: float = DEFAULT_COVERAGE,
     progress: ProgressFn | None = None,
     model_source: ModelSource | None = None,
@@ -93,7 +109,8 @@ def search_layouts(
             no framework stated, layouts as Megatron-DeepSpeed runs them (nothing overlapped), ZeRO
             0 and 1.
         space: the layout values tried (default :class:`~perfcast.features.layouts.LayoutSpace`).
-        price_per_gpu_hour: USD per GPU-hour; ranks by cost per step when given.
+        price_per_gpu_hour: USD per GPU-hour, one for every GPU type or one per entry of ``gpus``
+            (in their order); ranks by cost per step when given.
         progress: called with the number of configs predicted.
         max_layouts: most layouts enumerated over all GPU types; a larger search is refused.
 
@@ -105,22 +122,24 @@ def search_layouts(
     Raises:
         SpecError: an unknown model, GPU or framework, a ``space`` recomputation the framework
             does not run (Megatron's ``selective`` with torchtitan), a GPU without the dtype, a bad count, a
-            price that is not a positive finite number, more than ``max_layouts`` layouts, or no
-            layout that fits in memory.
+            price that is not a positive finite number, prices that are neither one nor one per GPU
+            type, more than ``max_layouts`` layouts, or no layout that fits in memory.
     """
     if not gpus:
         raise SpecError("gpus is empty; give at least one GPU type (see `perfcast hardware list`)")
-    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
-        raise SpecError(f"price_per_gpu_hour={price_per_gpu_hour} must be a positive finite number (USD per GPU-hour)")
+    prices = _prices(price_per_gpu_hour, len(gpus))
     spec = (model_source or ModelSource()).resolve(model)
     if seq_len is not None:
         spec = spec.model_copy(update={"seq_len": seq_len})
     label = spec.name if isinstance(model, Mapping) else str(model)
     clusters: dict[str, ClusterSpec] = {}
-    for gpu in gpus:  # resolve first: an unknown or repeated GPU, or one without the dtype, before any work
+    price_of: dict[str, float] = {}
+    for i, gpu in enumerate(gpus):  # resolve first: an unknown or repeated GPU, or one without the dtype, before work
         cluster = ClusterSpec.build(gpu, num_gpus, gpus_per_node, inter_node)
         cluster.gpu.peak_tflops(dtype)
         clusters.setdefault(cluster.gpu.id, cluster)
+        if prices is not None:
+            price_of.setdefault(cluster.gpu.id, prices[i])
     try:
         tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
     except ValueError:
@@ -173,8 +192,8 @@ def search_layouts(
         raise SpecError(f"the predictor refused all {len(refused)} layouts that fit in memory: {reasons}")
     pred["model"] = label
     key = "step_ms"
-    if price_per_gpu_hour is not None:
-        pred["usd_per_step"] = pred["step_ms"] / 3.6e6 * num_gpus * price_per_gpu_hour
+    if prices is not None:
+        pred["usd_per_step"] = pred["step_ms"] / 3.6e6 * num_gpus * pred["gpu"].map(price_of).to_numpy(dtype=float)
         pred["usd_per_million_tokens"] = pred["usd_per_step"] / (pred["tokens_per_s"] * pred["step_ms"] / 1e3) * 1e6
         key = "usd_per_step"
     # equal keys (layouts whose step sits on the MFU-ceiling floor): the lower upper bound first

@@ -38,7 +38,9 @@ def search_command(
         "deepspeed; or nemo, fsdp2 ...): its overlaps and ZeRO stages (torchtitan and FSDP also try one replica "
         "per NVLink domain, dp_replicate). Default: none stated (nothing overlapped)."
     ),
-    price: float | None = typer.Option(None, "--price", help="USD per GPU-hour: rank by cost per step."),
+    price: list[float] | None = typer.Option(
+        None, "--price", help="USD per GPU-hour: rank by cost per step. One for every --gpu, or one per --gpu in order."
+    ),
     predictor: str | None = typer.Option(
         None, "--predictor", help="Step predictor: 'analytic', 'composed', a bundle or an MLflow URI (default shipped)."
     ),
@@ -73,8 +75,8 @@ def search_command(
             result = search_layouts(
                 model, gpu, num_gpus, global_batch, predictor=step_predictor, gpus_per_node=gpus_per_node,
                 inter_node=inter_node, seq_len=seq_len, dtype=DType.parse(dtype), finetune=finetune,
-                lora_rank=lora_rank, document_tokens=document_tokens, framework=framework, price_per_gpu_hour=price,
-                progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
+                lora_rank=lora_rank, document_tokens=document_tokens, framework=framework,
+                price_per_gpu_hour=price or None, progress=lambda n: bar.advance(task, n), max_layouts=max_layouts,
             )  # fmt: skip
     ranked = result.ranked
     if output is not None:
@@ -84,7 +86,7 @@ def search_command(
         from perfcast.training.plots import search_plot
 
         plot.parent.mkdir(parents=True, exist_ok=True)
-        search_plot(ranked, key="usd_per_step" if price is not None else "step_ms").savefig(plot, dpi=120)
+        search_plot(ranked, key="usd_per_step" if price else "step_ms").savefig(plot, dpi=120)
         _err.print(f"plot: {plot}")
     written = f"; all written to {output}" if output else ""
     _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
