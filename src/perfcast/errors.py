@@ -36,3 +36,7 @@ class BundleError(PerfcastError):
 
 class OutOfDomainWarning(UserWarning):
     """Input outside the range a predictor was trained on; the prediction still runs."""
+
+
+class AtMFUCeilingWarning(UserWarning):
+    """Step predictions raised to their MFU ceiling: the bound answered, not the model's estimate."""

@@ -495,3 +495,39 @@ def test_a_stated_framework_gets_its_stacks_attention_factor_and_an_unstated_one
     others = (learned["compute_ms"] / learned["step_ms"]) / (composed["compute_ms"] / composed["step_ms"])
     expected = [factors.of_stack(s)["attention"] for s in (None, "flash-attention-2")]  # the compute is not rescaled
     np.testing.assert_allclose(ratio / others, expected, rtol=1e-6)
+
+
+class _Capped:
+    """The analytic step predictor under MFU ceilings of 20% on Hopper and 95% on Ampere (tensor cores)."""
+
+    name = "capped"
+    flags_out_of_domain = False
+
+    def __init__(self) -> None:
+        from perfcast.models.physics_bounds import MFUCeiling
+        from perfcast.models.step_predictor import StepPredictor
+
+        self.base = StepPredictor.analytic()
+        self.mfu_ceiling = MFUCeiling(margin=0.0)
+        self.mfu_ceiling.best_ = {("hopper", "tensor"): 0.2, ("ampere", "tensor"): 0.95}
+
+    def predict_configs(self, configs, *, coverage=0.9):
+        from perfcast.models.physics_bounds import apply_floor
+
+        frame = self.base.predict_configs(configs, coverage=coverage)
+        frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
+            frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], self.mfu_ceiling.floor_ms(configs)
+        )
+        return frame
+
+
+def test_steps_on_their_mfu_ceiling_are_flagged_and_warned_about():
+    from perfcast.errors import AtMFUCeilingWarning
+
+    runs = pd.DataFrame([{**GOOD, "model": "llama2-7b"}, {**GOOD, "gpu": "a100-sxm4-80gb"}, {**GOOD, "tp": 5}])
+    with pytest.warns(AtMFUCeilingWarning, match="1 of 2 configs"):
+        out = predict_steps_table(runs, predictor=_Capped())
+    assert out["at_mfu_ceiling"].tolist()[:2] == [True, False] and pd.isna(out["at_mfu_ceiling"].iloc[2])
+    assert out["mfu"].iloc[0] == pytest.approx(0.2)  # raised to the ceiling, and said so
+    plain = predict_steps_table(runs.iloc[:2], predictor=_Capped().base)  # 100% of peak: nothing reaches it
+    assert not plain["at_mfu_ceiling"].any()

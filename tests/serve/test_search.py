@@ -53,6 +53,15 @@ def test_each_gpu_type_gets_its_own_price() -> None:
         search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=[1, 2, 3])
 
 
+def test_a_gpu_type_without_the_dtype_is_left_out_beside_one_with_it() -> None:
+    analytic = StepPredictor.analytic()
+    result = search_layouts("gpt3-350m", ["v100-sxm2-32gb", "a100-sxm4-80gb"], 8, 32, predictor=analytic, space=SMALL)
+    assert set(result.ranked["gpu"]) == {"a100-sxm4-80gb"} and len(result.skipped_gpus) == 1
+    assert "bf16 is not supported on v100-sxm2-32gb" in result.skipped_gpus[0]
+    with pytest.raises(SpecError, match="bf16 is not supported on v100-sxm2-32gb"):  # nothing left to search
+        search_layouts("gpt3-350m", ["v100-sxm2-32gb"], 8, 32, predictor=analytic, space=SMALL)
+
+
 def test_nothing_fits_and_bad_input_are_named() -> None:
     with pytest.raises(SpecError, match="fits in memory"):
         search_layouts("gpt3-175b", ["t4"], 1, 1, predictor=StepPredictor.analytic(), dtype=DType.FP16)

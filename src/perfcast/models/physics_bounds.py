@@ -212,6 +212,16 @@ class MFUCeiling:
         return out
 
 
+AT_CEILING_COLUMN = "at_mfu_ceiling"
+"""Step-prediction output column: True where the step is its MFU ceiling's floor (the model estimated it
+faster, :func:`apply_floor` raised it), so the time is the physical bound, not a distinguishing estimate."""
+
+
+def at_ceiling(mfu: Any, ceiling: Any) -> np.ndarray:
+    """Whether each predicted ``mfu`` sits on its ``ceiling`` (fractions; within rounding)."""
+    return np.asarray(mfu, dtype=float) >= np.asarray(ceiling, dtype=float) * (1.0 - 1e-9)
+
+
 def apply_floor(
     step_ms: Any, lo_ms: Any, hi_ms: Any, floor_ms: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

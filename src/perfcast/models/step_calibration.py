@@ -293,6 +293,11 @@ class CalibratedStepPredictor:
         """Whether the base predictor's rows carry an ``out_of_domain`` column."""
         return self.base.flags_out_of_domain
 
+    @property
+    def mfu_ceiling(self) -> MFUCeiling:
+        """The base predictor's MFU ceiling (100% of the dense peak where it states none)."""
+        return getattr(self.base, "mfu_ceiling", None) or MFUCeiling()
+
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """The base predictor's rows with corrected clusters' times scaled, plus
         :data:`CALIBRATION_COLUMN`: the label of the correction applied to the row, "" where
@@ -316,10 +321,9 @@ class CalibratedStepPredictor:
                     scale.loc[rows, f"{part}_ms"] = f
         frame[timed] = frame[timed] * scale
         # a correction that speeds a step up stops at the base's MFU ceiling, as the base does
-        ceiling = getattr(self.base, "mfu_ceiling", None) or MFUCeiling()
         before = frame["step_ms"].to_numpy(dtype=float)
         corrected = np.array([c is not None for c in applied])
-        floor = np.where(corrected, ceiling.floor_ms(configs), 0.0)  # the base answers for its own rows
+        floor = np.where(corrected, self.mfu_ceiling.floor_ms(configs), 0.0)  # the base answers for its own rows
         frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
             before, frame["step_lo_ms"], frame["step_hi_ms"], floor
         )

@@ -209,6 +209,7 @@ class SearchResponse(BaseModel):
     n_layouts: int
     n_out_of_memory: int
     n_ranked: int
+    skipped_gpus: list[str] = Field(default_factory=list, description="GPU types left out: they lack the dtype")
     layouts: list[dict[str, Any]]
 
 
@@ -440,6 +441,7 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         return _json_response({
             "predictor": predictor.name, "n_layouts": result.n_layouts,
             "n_out_of_memory": result.n_out_of_memory, "n_ranked": len(result.ranked),
+            "skipped_gpus": list(result.skipped_gpus),
             "layouts": [{k: _json_value(v) for k, v in row.items()} for row in top.to_dict("records")],
         })  # fmt: skip
 

@@ -33,7 +33,7 @@ from perfcast.data.tables import (
     RUN_OUTPUT_COLUMNS,
     cell_holds_value,
 )
-from perfcast.errors import OutOfDomainWarning, PerfcastError, SpecError
+from perfcast.errors import AtMFUCeilingWarning, OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.cluster import collective_cluster
 from perfcast.features.collective_features import inter_node_fabrics, nvlink_bridged_flags
 from perfcast.features.hardware_spec import HardwareSpec, resolve_gpu_name
@@ -46,7 +46,7 @@ from perfcast.features.workload import fabric_level, group_placement
 from perfcast.models import analytic
 from perfcast.models.calibration import CalibratedPredictor
 from perfcast.models.correction_store import CALIBRATION_COLUMN
-from perfcast.models.physics_bounds import measured_mfu, tokens_per_second
+from perfcast.models.physics_bounds import AT_CEILING_COLUMN, MFUCeiling, at_ceiling, measured_mfu, tokens_per_second
 from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.models.step_predictor import OUT_OF_DOMAIN_COLUMN
 
@@ -92,7 +92,7 @@ BREAKDOWN_COLUMNS = (
 )  # fmt: skip
 """Columns ``breakdown`` adds to a run table, in order."""
 STEP_OUTPUT_NAMES = frozenset(
-    {*RUN_OUTPUT_COLUMNS, *BREAKDOWN_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, CALIBRATION_COLUMN}
+    {*RUN_OUTPUT_COLUMNS, *BREAKDOWN_COLUMNS, ERROR_COLUMN, OUT_OF_DOMAIN_COLUMN, AT_CEILING_COLUMN, CALIBRATION_COLUMN}
 )
 """Every column step prediction writes from scratch; an input column of one of these names is dropped
 (``defaulted_fields`` is both: the names a row gives are kept and the parser's are added)."""
@@ -159,6 +159,7 @@ def predict_steps_table(
     out["fits_memory"] = out["fits_memory"].astype(object)
     if predictor.flags_out_of_domain:  # the same columns for every batch of a predictor
         out.insert(out.columns.get_loc(ERROR_COLUMN), OUT_OF_DOMAIN_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
+    out.insert(out.columns.get_loc(ERROR_COLUMN), AT_CEILING_COLUMN, pd.array([pd.NA] * len(out), "boolean"))
     out.insert(out.columns.get_loc(ERROR_COLUMN), CALIBRATION_COLUMN, np.full(len(out), "", dtype=object))
     positions: list[int] = []
     configs: list[RunConfig] = []
@@ -182,7 +183,10 @@ def predict_steps_table(
             frame.index = pos
             for col in RUN_OUTPUT_COLUMNS:
                 out.iloc[pos, out.columns.get_loc(col)] = frame[col].to_numpy()
-            _refuse_implausible(out, pos, frame["step_ms"].to_numpy(dtype=float), RUN_OUTPUT_COLUMNS)
+            out.iloc[pos, out.columns.get_loc(AT_CEILING_COLUMN)] = frame[AT_CEILING_COLUMN].to_numpy(bool)
+            frame = frame.drop(columns=[AT_CEILING_COLUMN])
+            cleared = [*RUN_OUTPUT_COLUMNS, AT_CEILING_COLUMN]
+            _refuse_implausible(out, pos, frame["step_ms"].to_numpy(dtype=float), cleared)
             if OUT_OF_DOMAIN_COLUMN in frame.columns:
                 out.iloc[pos, out.columns.get_loc(OUT_OF_DOMAIN_COLUMN)] = frame[OUT_OF_DOMAIN_COLUMN].to_numpy(bool)
                 frame = frame.drop(columns=[OUT_OF_DOMAIN_COLUMN])
@@ -203,6 +207,15 @@ def predict_steps_table(
             f"{n_ood} of {len(configs)} configs have ops outside the op predictor's training range "
             f"(see the {OUT_OF_DOMAIN_COLUMN} column): their step times extrapolate",
             OutOfDomainWarning,
+            stacklevel=2,
+        )
+    n_capped = int(out[AT_CEILING_COLUMN].fillna(False).sum())
+    if n_capped:
+        warnings.warn(
+            f"{n_capped} of {len(configs)} configs are predicted faster than the MFU ceiling of their GPU generation "
+            f"and dtype and sit on it (see the {AT_CEILING_COLUMN} column): their step is that bound, not an estimate "
+            "that tells them apart",
+            AtMFUCeilingWarning,
             stacklevel=2,
         )
     if breakdown and parts:
@@ -238,7 +251,8 @@ def _predict_chunk(
     refused config stands alone, writing its reason into ``out``. Returns the answered
     (positions, rows) parts, in order (with the ``link_<group>`` columns when ``links``)."""
     try:
-        frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk)
+        ceiling = getattr(predictor, "mfu_ceiling", None) or MFUCeiling()
+        frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk, ceiling)
         if links:
             frame[list(LEVEL_COLUMNS)] = _link_columns(chunk, frame.index)
         return [(pos, frame)]
@@ -252,14 +266,16 @@ def _predict_chunk(
     )
 
 
-def _step_rows(pred: pd.DataFrame, configs: list[RunConfig]) -> pd.DataFrame:
-    """Add memory, MFU and tokens/s to a predictor's rows for ``configs``."""
+def _step_rows(pred: pd.DataFrame, configs: list[RunConfig], ceiling: MFUCeiling) -> pd.DataFrame:
+    """Add memory, MFU, whether it sits on the predictor's ``ceiling`` and tokens/s to a predictor's rows for
+    ``configs``."""
     memory = peak_memory_table(configs)
     step_ms = pred["step_ms"].to_numpy(dtype=float)
     frame = pred.reset_index(drop=True).copy()
     frame["peak_mem_gib"] = memory["peak_mem_gib"].to_numpy()
     frame["fits_memory"] = memory["fits_memory"].tolist()
     frame["mfu"] = measured_mfu(configs, step_ms)
+    frame[AT_CEILING_COLUMN] = at_ceiling(frame["mfu"], ceiling.ceiling(configs))
     frame["tokens_per_s"] = tokens_per_second(configs, step_ms)
     for name in MEMORY_PART_COLUMNS:
         frame[name] = memory[name].to_numpy()

@@ -115,8 +115,8 @@ def search(
             ``document_tokens``, ``framework``, ``price_per_gpu_hour``, ``coverage``, ``max_layouts`` ...).
 
     Returns:
-        The ranked layouts, best first, with ``rank``; ``attrs`` holds ``n_layouts`` and
-        ``n_out_of_memory``.
+        The ranked layouts, best first, with ``rank``; ``attrs`` holds ``n_layouts``,
+        ``n_out_of_memory`` and ``skipped_gpus`` (GPU types left out for lacking the dtype, with reasons).
 
     Raises:
         SpecError: as :func:`~perfcast.serve.search.search_layouts`.
@@ -127,7 +127,8 @@ def search(
     steps = _predictor("steps", predictor, calibration)
     result = search_layouts(model, types, num_gpus, global_batch, predictor=steps, dtype=DType.parse(dtype), **options)
     ranked = result.ranked
-    ranked.attrs.update(n_layouts=result.n_layouts, n_out_of_memory=result.n_out_of_memory)
+    ranked.attrs.update(n_layouts=result.n_layouts, n_out_of_memory=result.n_out_of_memory,
+                        skipped_gpus=list(result.skipped_gpus))  # fmt: skip
     return ranked
 
 

@@ -40,11 +40,13 @@ _LAYOUT_FIELDS = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "
 
 @dataclass(frozen=True)
 class SearchResult:
-    """Ranked layouts (best first) and how many were enumerated and dropped for memory."""
+    """Ranked layouts (best first), how many were enumerated and dropped for memory, and the GPU
+    types left out because they cannot run the dtype (each with its reason)."""
 
     ranked: pd.DataFrame
     n_layouts: int
     n_out_of_memory: int
+    skipped_gpus: tuple[str, ...] = ()
 
 
 def _prices(price_per_gpu_hour: float | Sequence[float] | None, n_gpus: int) -> list[float] | None:
@@ -121,7 +123,8 @@ def search_layouts(
 
     Raises:
         SpecError: an unknown model, GPU or framework, a ``space`` recomputation the framework
-            does not run (Megatron's ``selective`` with torchtitan), a GPU without the dtype, a bad count, a
+            does not run (Megatron's ``selective`` with torchtitan), no GPU type that runs the dtype
+            (one that does not, beside one that does, is left out: ``skipped_gpus``), a bad count, a
             price that is not a positive finite number, prices that are neither one nor one per GPU
             type, more than ``max_layouts`` layouts, or no layout that fits in memory.
     """
@@ -134,12 +137,19 @@ def search_layouts(
     label = spec.name if isinstance(model, Mapping) else str(model)
     clusters: dict[str, ClusterSpec] = {}
     price_of: dict[str, float] = {}
+    skipped: dict[str, str] = {}
     for i, gpu in enumerate(gpus):  # resolve first: an unknown or repeated GPU, or one without the dtype, before work
         cluster = ClusterSpec.build(gpu, num_gpus, gpus_per_node, inter_node)
-        cluster.gpu.peak_tflops(dtype)
+        try:
+            cluster.gpu.peak_tflops(dtype)
+        except SpecError as exc:  # compared with GPU types that run it, a type without the dtype is left out
+            skipped.setdefault(cluster.gpu.id, str(exc))
+            continue
         clusters.setdefault(cluster.gpu.id, cluster)
         if prices is not None:
             price_of.setdefault(cluster.gpu.id, prices[i])
+    if not clusters:
+        raise SpecError("; ".join(skipped.values()))
     try:
         tune = Finetune(str(getattr(finetune, "value", finetune)).strip().lower())
     except ValueError:
@@ -199,4 +209,4 @@ def search_layouts(
     # equal keys (layouts whose step sits on the MFU-ceiling floor): the lower upper bound first
     ranked = pred.sort_values([key, "step_hi_ms", "peak_mem_gib"], kind="stable").reset_index(drop=True)
     ranked.insert(0, "rank", np.arange(1, len(ranked) + 1))
-    return SearchResult(ranked=ranked, n_layouts=n_layouts, n_out_of_memory=n_oom)
+    return SearchResult(ranked=ranked, n_layouts=n_layouts, n_out_of_memory=n_oom, skipped_gpus=tuple(skipped.values()))

@@ -133,7 +133,10 @@ def calibrate_steps_command(
         "perfcast predict reads only that one).",
     ),
 ) -> None:
-    """Fit a per-cluster correction from one to five measured steps of your own cluster.
+    """Fit a per-cluster correction from measured steps of your own cluster (one or more).
+
+    One run fits a shared factor; three or more also fit a factor per part of the step; every
+    fit is shrunk toward no correction, less the more runs there are.
 
     Corrections are stored in the 'steps' folder of $PERFCAST_CALIBRATION_DIR if set, else
     of ~/.config/perfcast/calibration, and apply to later predictions of the same predictor

@@ -16,6 +16,7 @@ from rich.table import Table
 
 from perfcast.data.tables import ERROR_COLUMN, STDOUT
 from perfcast.errors import SpecError
+from perfcast.models.physics_bounds import AT_CEILING_COLUMN
 from perfcast.serve.cli._guard import user_errors
 from perfcast.serve.output import format_cell
 
@@ -90,12 +91,25 @@ def _short_error(row: pd.Series) -> str:
 
 
 def _layout(row: pd.Series) -> str:
+    """The row's stated parallel degrees above 1 (``etp`` and ``vpp`` too), its ZeRO stage and recomputation."""
     parts = [
         f"{k}{format_cell(row.get(k))}"
-        for k in ("tp", "pp", "dp", "cp", "ep")
+        for k in ("tp", "pp", "vpp", "dp", "cp", "ep", "etp")
         if format_cell(row.get(k)) not in ("", "1")
     ]
+    if format_cell(row.get("zero_stage")) not in ("", "0"):
+        parts.append(f"zero{format_cell(row.get('zero_stage'))}")
+    if format_cell(row.get("recompute")) not in ("", "none"):
+        parts.append(f"rc:{format_cell(row.get('recompute'))}")
     return " ".join(parts) or "1 GPU"
+
+
+def _mfu(row: pd.Series) -> str:
+    """MFU in percent, marked where the step sits on its MFU ceiling (``at_mfu_ceiling``)."""
+    if pd.isna(row.get("mfu")):
+        return ""
+    capped = row.get(AT_CEILING_COLUMN)
+    return f"{format_cell(100 * row['mfu'])}%" + (" (ceiling)" if pd.notna(capped) and bool(capped) else "")
 
 
 def _model_name(row: pd.Series) -> str:
@@ -117,7 +131,7 @@ STEP_COLUMNS: list[Column] = [
     ("interval", _interval("step_lo_ms", "step_hi_ms", _duration)),
     ("mem GiB", _field("peak_mem_gib")),
     ("fits", _field("fits_memory")),
-    ("MFU", lambda row: f"{format_cell(100 * row['mfu'])}%" if pd.notna(row.get("mfu")) else ""),
+    ("MFU", lambda row: _mfu(row)),
     ("tokens/s", _field("tokens_per_s")),
     ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
@@ -155,7 +169,9 @@ def predict_steps(
     model: str | None = typer.Option(
         None,
         "--model",
-        help="'analytic', 'composed', a bundle folder or an MLflow URI (models:/NAME/VERSION); default: shipped.",
+        help="'analytic' (every op at its roofline: an optimistic baseline), 'composed' (the learned op model "
+        "through the schedule, no step correction), a bundle folder or an MLflow URI (models:/NAME/VERSION); "
+        "default: shipped.",
     ),
     coverage: float = typer.Option(0.9, "--coverage", help="Nominal coverage of the interval step_lo_ms..step_hi_ms."),
     breakdown: bool = typer.Option(

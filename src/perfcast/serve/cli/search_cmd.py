@@ -15,7 +15,7 @@ from perfcast.serve.search import DEFAULT_MAX_LAYOUTS
 
 _err = Console(stderr=True, soft_wrap=True)
 _SHOWN = ("rank", "gpu", "tp", "pp", "dp", "cp", "ep", "vpp", "micro_batch", "recompute", "zero_stage", "dp_replicate",
-          "step_ms", "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "tokens_per_s",
+          "step_ms", "step_lo_ms", "step_hi_ms", "peak_mem_gib", "mfu", "at_mfu_ceiling", "tokens_per_s",
           "usd_per_million_tokens")  # fmt: skip
 
 
@@ -88,6 +88,8 @@ def search_command(
         plot.parent.mkdir(parents=True, exist_ok=True)
         search_plot(ranked, key="usd_per_step" if price else "step_ms").savefig(plot, dpi=120)
         _err.print(f"plot: {plot}")
+    for reason in result.skipped_gpus:
+        _err.print(f"[yellow]left out:[/yellow] {reason}", highlight=False)
     written = f"; all written to {output}" if output else ""
     _err.print(f"{result.n_layouts} layouts, {result.n_out_of_memory} do not fit in memory, "
                f"{len(ranked)} ranked with {step_predictor.name}{written}")  # fmt: skip
