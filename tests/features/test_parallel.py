@@ -141,6 +141,9 @@ def test_more_virtual_stages_than_layers_is_refused():
     six = GPT.model_copy(update={"num_layers": 6})  # 6 + embedding + loss = 8 stages: the switches are named
     with _raises(SpecError, "or state account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split"):
         check_layout(six, ParallelConfig(pp=2, vpp=4, global_batch=8), _cluster(2))
+    with _raises(SpecError, "pp*vpp=8*1=8 exceeds num_layers=4: every virtual pipeline stage needs a layer; "
+                            "allowed: pp at most 4"):  # fmt: skip
+        check_layout(GPT, ParallelConfig(pp=8, global_batch=8), _cluster(8))
     counted = ParallelConfig(pp=2, vpp=4, global_batch=8, account_for_embedding_in_pipeline_split=True,
                              account_for_loss_in_pipeline_split=True)  # fmt: skip
     check_layout(six, counted, _cluster(2))

@@ -239,13 +239,18 @@ def test_defaulted_fields_name_what_the_row_left_unstated_and_matters():
     ("column", "field"), [("TP", "tp"), ("global_batch_size", "global_batch"), ("tensor_model_parallel_size", "tp")]
 )
 def test_an_input_spelt_another_way_is_an_error_not_ignored(column: str, field: str) -> None:
+    base = {k: v for k, v in LLAMA_ON_8.items() if k not in (field, "num_gpus")}  # the input left to its default
     with pytest.raises(SpecError, match=f"'{column}' as '{field}'"):
-        parse_run_row({**LLAMA_ON_8, column: 2})
-    table = pd.DataFrame([{**LLAMA_ON_8, column: 2}, {**LLAMA_ON_8, column: None}, {**LLAMA_ON_8, "notes": "x"}])
+        parse_run_row({**base, column: 2})
+    table = pd.DataFrame([{**base, column: 2}, {**base, column: None}, {**base, "notes": "x"}])
     first, empty, other = parse_run_table(table)
     assert isinstance(first, SpecError) and f"'{column}' as '{field}'" in str(first)
     assert not isinstance(empty, Exception) and not isinstance(other, Exception)  # empty cells and other columns pass
     assert misspelt_inputs(["notes", "tp", column]) == {column: field}
+    twice = pd.DataFrame([{**base, field: 4, column: 4}, {**base, field: 4, column: 8}])
+    same, other = parse_run_table(twice)
+    assert not isinstance(same, Exception)  # the value said twice, once under each name
+    assert isinstance(other, SpecError) and f"column '{column}'=8 conflicts with {field}=4" in str(other)
 
 
 # ------------------------------------------------------------------ uneven pipeline stages

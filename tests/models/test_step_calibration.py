@@ -115,6 +115,16 @@ def test_a_correction_never_speeds_a_step_past_the_mfu_ceiling() -> None:
     assert out.loc[0, "step_ms"] == pytest.approx(at_peak) and out.loc[0, "step_lo_ms"] >= at_peak
     assert out.loc[0, "compute_ms"] / out.loc[0, "step_ms"] == pytest.approx(0.6)  # parts keep their shares
     assert out.loc[1, "step_ms"] == 10.0  # an uncorrected row is the base's
+    # a cluster whose own runs measured a higher MFU may reach it (here 1.05 of the dense peak)
+    shown = fit_step_correction(config_cluster_key(a100), np.full(4, 1.0), np.full(4, 10.0), predictor="fixed",
+                                mfu=np.array([0.9, 1.05, np.nan, 0.7]))  # fmt: skip
+    assert shown.best_mfu == 1.05
+    calibrated = CalibratedStepPredictor(_Fixed(), {shown.cluster: shown})
+    assert calibrated.predict_configs([a100]).loc[0, "step_ms"] == pytest.approx(at_peak / 1.05)
+    assert calibrated.ceilings([a100, h100]).tolist() == pytest.approx([1.05, 1.0])
+    assert ClusterCorrection.from_json(shown.to_json()).best_mfu == 1.05
+    with pytest.raises(BundleError, match="best_mfu"):
+        ClusterCorrection.from_json(shown.to_json().replace('"best_mfu": 1.05', '"best_mfu": 3.0'))
 
 
 def test_json_round_trip_and_store(tmp_path) -> None:

@@ -281,3 +281,13 @@ def test_rows_say_which_inputs_were_defaulted(client: TestClient) -> None:
     lora, given = client.post("/v1/predict/steps", json={"rows": rows}).json()["rows"]
     assert "lora_rank" in lora["defaulted_fields"].split(",") and lora["error"] == ""
     assert given["defaulted_fields"].split(",")[0] == "vpp" and "dtype" in given["defaulted_fields"]
+
+
+def test_steps_on_their_mfu_ceiling_are_counted_in_the_warnings(client: TestClient) -> None:
+    meta_405b = {"model": "llama3.1-405b", "gpu": "h100-sxm5-80gb", "num_gpus": 8192, "tp": 8, "pp": 16, "vpp": 4,
+                 "dp": 64, "micro_batch": 1, "global_batch": 2048, "framework": "megatron-core",
+                 "sequence_parallel": True}  # fmt: skip
+    body = client.post("/v1/predict/steps", json={"rows": [meta_405b, RUN]}).json()
+    flags = [row["at_mfu_ceiling"] for row in body["rows"]]
+    assert flags[0] is True and flags[1] is False
+    assert any(w.startswith("1 of 2 configs are predicted faster than the MFU ceiling") for w in body["warnings"])

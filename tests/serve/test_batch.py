@@ -511,6 +511,9 @@ class _Capped:
         self.mfu_ceiling = MFUCeiling(margin=0.0)
         self.mfu_ceiling.best_ = {("hopper", "tensor"): 0.2, ("ampere", "tensor"): 0.95}
 
+    def ceilings(self, configs):
+        return self.mfu_ceiling.ceiling(configs)
+
     def predict_configs(self, configs, *, coverage=0.9):
         from perfcast.models.physics_bounds import apply_floor
 

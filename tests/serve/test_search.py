@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 from typer.testing import CliRunner
@@ -51,6 +52,14 @@ def test_each_gpu_type_gets_its_own_price() -> None:
     assert out["usd_per_step"].is_monotonic_increasing and out["gpu"].iloc[0] == "a100-sxm4-80gb"
     with pytest.raises(SpecError, match="3 prices for 2 GPU types; allowed: one for all, or one per GPU type"):
         search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=[1, 2, 3])
+    same = search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), space=SMALL,
+                          price_per_gpu_hour=(np.int64(1), np.float32(4.0))).ranked  # fmt: skip
+    pd.testing.assert_series_equal(same["usd_per_step"], out["usd_per_step"])
+    with pytest.raises(SpecError, match="h100-sxm5-80gb twice with prices 1 and 9"):
+        search_layouts("gpt3-350m", ["h100-sxm5-80gb", "H100-SXM5-80GB"], 8, 32, predictor=StepPredictor.analytic(),
+                       price_per_gpu_hour=[1.0, 9.0])  # fmt: skip
+    with pytest.raises(SpecError, match="price_per_gpu_hour=True"):
+        search_layouts("gpt3-350m", gpus, 8, 32, predictor=StepPredictor.analytic(), price_per_gpu_hour=True)
 
 
 def test_a_gpu_type_without_the_dtype_is_left_out_beside_one_with_it() -> None:

@@ -485,7 +485,8 @@ def _split(
         hint = f", or state {switches[counted[0]]} (num_layers+{counted[0]}={n_virtual})" if counted else ""
         raise SpecError(
             f"pp*vpp={pp}*{vpp}={n_virtual} exceeds num_layers={num_layers}: every virtual pipeline stage needs a "
-            f"layer; allowed: vpp at most {max(num_layers // pp, 1)}{hint}"
+            f"layer; allowed: {f'vpp at most {num_layers // pp}' if pp <= num_layers else f'pp at most {num_layers}'}"
+            f"{hint}"
         )
     emb_name, loss_name = "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"
     for emb, loss, names in ((True, True, (emb_name, loss_name)), (False, True, (loss_name,))):

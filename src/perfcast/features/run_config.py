@@ -151,9 +151,9 @@ def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
-    misspelt = {c: f for c, f in misspelt_inputs(row).items() if cell_holds_value(row[c])}
-    if misspelt:
-        raise _misspelt_error(misspelt)
+    unread = _unread_values(row, misspelt_inputs(row))
+    if unread is not None:
+        raise unread
     cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and cell_holds_value(row[n])}
     return _RowParser(model_source).parse(cells)
 
@@ -166,7 +166,7 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
     """
     columns = {n: _column_cells(n, runs[n]) for n in RUN_INPUT_FIELDS if n in runs.columns}
     misspelt = misspelt_inputs(runs.columns)
-    stated = {c: runs[c].map(cell_holds_value).to_numpy(dtype=bool) for c in misspelt}
+    spelt = runs[[*{*misspelt, *(f for f in misspelt.values() if f in runs.columns)}]].to_dict("records")
     parser = _RowParser(model_source)
     out: list[RunConfig | PerfcastError] = []
     names = list(columns)
@@ -174,9 +174,9 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
     for i, values in enumerate(rows):
         cells = {n: v for n, v in zip(names, values, strict=True) if v is not _ABSENT}
         try:
-            wrong = {c: f for c, f in misspelt.items() if stated[c][i]}
-            if wrong:
-                raise _misspelt_error(wrong)
+            unread = _unread_values(spelt[i], misspelt) if misspelt else None
+            if unread is not None:
+                raise unread
             out.append(parser.parse(cells))
         except PerfcastError as exc:
             out.append(exc)
@@ -213,11 +213,30 @@ def misspelt_inputs(columns: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _misspelt_error(misspelt: Mapping[str, str]) -> SpecError:
-    """The error of a row that states values under :func:`misspelt_inputs` columns (which would go unread)."""
-    spelt = ", ".join(f"{column!r} as {field!r}" for column, field in misspelt.items())
-    return SpecError(f"columns {', '.join(map(repr, misspelt))} are not run-table inputs and would be ignored; "
-                     f"write {spelt} (input names are lowercase, docs/run_table.md)")  # fmt: skip
+def _unread_values(row: Mapping[str, Any], misspelt: Mapping[str, str]) -> SpecError | None:
+    """The error of a row that states a value under a :func:`misspelt_inputs` column, which would go unread;
+    None where each such value is empty or repeats the value the input's own column states."""
+    ignored: dict[str, str] = {}
+    conflicts = []
+    for column, field in misspelt.items():
+        value = row.get(column)
+        if not cell_holds_value(value):
+            continue
+        if field in row and cell_holds_value(row[field]):
+            said, stated = _cell(field, value), _cell(field, row[field])
+            if said != stated:
+                conflicts.append(f"column {column!r}={said} conflicts with {field}={stated}")
+        else:
+            ignored[column] = field
+    if conflicts:
+        return SpecError(f"{'; '.join(conflicts)}: give each value once, under the input's own name")
+    if not ignored:
+        return None
+    names = ", ".join(map(repr, ignored))
+    verb = "is not a run-table input" if len(ignored) == 1 else "are not run-table inputs"
+    spelt = ", ".join(f"{column!r} as {field!r}" for column, field in ignored.items())
+    return SpecError(f"column{'s' * (len(ignored) > 1)} {names} {verb} and would be ignored; write {spelt} "
+                     "(input names are lowercase, docs/run_table.md)")  # fmt: skip
 
 
 _ABSENT = object()
@@ -226,8 +245,8 @@ RUN_INPUT_FIELDS = (
     *MODEL_FIELDS, "model", *PARALLEL_FIELDS, "gpu", "num_gpus", "gpus_per_node", "nvlink_domain", "inter_node",
     DEFAULTED_COLUMN
 )  # fmt: skip
-"""Every run-row input the parser reads (the other columns of a table pass through); the HTTP
-schema is built from this list, so the two cannot disagree."""
+"""Every run-row input the parser reads (the other columns of a table pass through, except those
+:func:`misspelt_inputs` finds); the HTTP schema is built from this list, so the two cannot disagree."""
 _TEXT_FIELDS = frozenset(("model", "gpu", "inter_node", DEFAULTED_COLUMN))
 """Cells read as text (stripped), with no type of their own."""
 

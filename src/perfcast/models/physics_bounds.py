@@ -61,9 +61,12 @@ from perfcast.features.run_config import RunConfig
 from perfcast.models.analytic import model_flops_per_step
 
 __all__ = [
+    "AT_CEILING_COLUMN",
     "DEFAULT_MARGIN",
+    "MAX_MEASURED_MFU",
     "MFUCeiling",
     "apply_floor",
+    "at_ceiling",
     "dtype_class",
     "gpu_generation",
     "measured_mfu",
@@ -211,6 +214,11 @@ class MFUCeiling:
         out.best_ = {(str(e["generation"]), str(e["dtype_class"])): float(e["mfu"]) for e in state["best"]}
         return out
 
+
+MAX_MEASURED_MFU = 1.0 + DEFAULT_MARGIN
+"""The highest MFU a measured step may show: the dense peak plus the ceiling's margin (NeuSight's MI210
+fp32 runs reach 1.02 against the catalog's vector rate, module docstring). A measured step above it is
+a wrong unit or timing scope, not a run of that config."""
 
 AT_CEILING_COLUMN = "at_mfu_ceiling"
 """Step-prediction output column: True where the step is its MFU ceiling's floor (the model estimated it

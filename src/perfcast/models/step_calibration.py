@@ -1,4 +1,4 @@
-"""Few-shot step calibration: a per-cluster correction fitted on one to five measured steps.
+"""Few-shot step calibration: a per-cluster correction fitted on a few measured steps.
 
 On a cluster nobody measured, most of a step predictor's error is shared by the configs
 run there (its software stack, its achieved collective bandwidth, its clocks). A few
@@ -66,7 +66,7 @@ from perfcast.models.correction_store import (
     screen_measurements,
     summarize_reasons,
 )
-from perfcast.models.physics_bounds import MFUCeiling, apply_floor
+from perfcast.models.physics_bounds import MAX_MEASURED_MFU, MFUCeiling, apply_floor
 from perfcast.models.predictor_protocol import StepTimePredictor
 
 __all__ = [
@@ -115,7 +115,9 @@ class ClusterCorrection(StoredCorrection):
     predictor it was fitted for ("" in schema-1 files: never applied); ``model`` its display
     name; ``log_residuals`` the log ratios of the runs kept; ``excluded`` the runs left out,
     each with its reason; ``factors`` the component factors ``f_c`` (component -> time
-    multiplier of its part, the shift included; empty when fitted without breakdown).
+    multiplier of its part, the shift included; empty when fitted without breakdown);
+    ``best_mfu`` the highest MFU among the runs kept (None where not given): the cluster has
+    shown it, so its corrected rows may reach it where the base predictor's MFU ceiling is lower.
     """
 
     cluster: str
@@ -127,6 +129,7 @@ class ClusterCorrection(StoredCorrection):
     predictor: str = ""
     excluded: list[str] = field(default_factory=list)
     factors: dict[str, float] = field(default_factory=dict)
+    best_mfu: float | None = None
 
     STORE = StoreFormat(
         "step correction", "cluster", SCHEMA_VERSION, READABLE_SCHEMA_VERSIONS,
@@ -165,7 +168,9 @@ class ClusterCorrection(StoredCorrection):
             factors = ComponentFactors.from_dict(data.get("factors", {})).to_dict()
         except (TypeError, ValueError) as exc:
             raise BundleError(f"{where}: field 'factors': {exc}") from None
-        return cls(**{**data, "shift": float(data["shift"]), "factors": factors})
+        best = data.get("best_mfu")
+        best = None if best is None else check.number(best, "best_mfu", lo=0.0, hi=MAX_MEASURED_MFU)
+        return cls(**{**data, "shift": float(data["shift"]), "factors": factors, "best_mfu": best})
 
 
 def fit_step_correction(
@@ -177,6 +182,7 @@ def fit_step_correction(
     predictor: str = "",
     labels: Sequence[str] | None = None,
     breakdown: pd.DataFrame | None = None,
+    mfu: np.ndarray | None = None,
 ) -> ClusterCorrection:
     """Fit the correction of ``cluster`` from measured steps and the predictor's times of them, ms.
 
@@ -186,6 +192,7 @@ def fit_step_correction(
         labels: how reasons name each run (default ``row <position>``).
         breakdown: the predictor's rows of the runs, aligned, with breakdown columns
             (``<part>_ms``): fit component factors too (see the module docstring).
+        mfu: each run's measured MFU, aligned: the best kept one is stored (``best_mfu``).
 
     Raises:
         SpecError: mismatched lengths, or no run survives the screening (the reasons,
@@ -220,7 +227,15 @@ def fit_step_correction(
         predictor=predictor,
         excluded=excluded,
         factors=factors,
+        best_mfu=_best(mfu, ok),
     )
+
+
+def _best(mfu: np.ndarray | None, ok: np.ndarray) -> float | None:
+    """The highest finite ``mfu`` among the ``ok`` runs; None where there is none."""
+    kept = np.asarray(mfu, dtype=float)[ok] if mfu is not None else np.array([])
+    kept = kept[np.isfinite(kept)]
+    return float(kept.max()) if len(kept) else None
 
 
 def _fit_shift_and_factors(residual: np.ndarray, shares: np.ndarray) -> tuple[float, dict[str, float]]:
@@ -298,14 +313,21 @@ class CalibratedStepPredictor:
         """The base predictor's MFU ceiling (100% of the dense peak where it states none)."""
         return getattr(self.base, "mfu_ceiling", None) or MFUCeiling()
 
+    def ceilings(self, configs: Sequence[RunConfig]) -> np.ndarray:
+        """MFU ceiling (fraction) of each config: the base's, or its cluster correction's ``best_mfu``
+        where that is higher (the cluster measured it)."""
+        base = self.mfu_ceiling.ceiling(configs)
+        best = [getattr(self.corrections.get(config_cluster_key(c)), "best_mfu", None) for c in configs]
+        return np.fmax(base, np.array([np.nan if b is None else b for b in best], dtype=float))
+
     def predict_configs(self, configs: Sequence[RunConfig], *, coverage: float = 0.9) -> pd.DataFrame:
         """The base predictor's rows with corrected clusters' times scaled, plus
         :data:`CALIBRATION_COLUMN`: the label of the correction applied to the row, "" where
         none was. The step, its interval and each breakdown part are multiplied by the
         row's factor (:meth:`ClusterCorrection.row_factors`); with component factors, each
         part by its own (so the parts still add up to the step); ``composed_step_ms`` stays. A
-        step the correction makes faster than the base's MFU ceiling (``base.mfu_ceiling``, else
-        100% of the dense peak) is raised to it, with its interval and parts, as the base's own."""
+        step the correction makes faster than its :meth:`ceilings` allow (the base's MFU ceiling, or
+        the best MFU the cluster's own runs measured) is raised to it, with its interval and parts."""
         frame = self.base.predict_configs(configs, coverage=coverage)
         if not len(frame):
             return frame.assign(**{CALIBRATION_COLUMN: pd.Series(dtype=object)})
@@ -322,8 +344,9 @@ class CalibratedStepPredictor:
         frame[timed] = frame[timed] * scale
         # a correction that speeds a step up stops at the base's MFU ceiling, as the base does
         before = frame["step_ms"].to_numpy(dtype=float)
-        corrected = np.array([c is not None for c in applied])
-        floor = np.where(corrected, self.mfu_ceiling.floor_ms(configs), 0.0)  # the base answers for its own rows
+        ceiling = self.mfu_ceiling
+        corrected = np.array([c is not None for c in applied])  # the base answers for its own rows
+        floor = np.where(corrected, ceiling.floor_ms(configs) * ceiling.ceiling(configs) / self.ceilings(configs), 0.0)
         frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
             before, frame["step_lo_ms"], frame["step_hi_ms"], floor
         )

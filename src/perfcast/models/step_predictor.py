@@ -128,6 +128,10 @@ class StepPredictor:
         """The MFU ceiling no step prediction exceeds: the step model's, else 100% of the dense peak."""
         return getattr(self.step_model, "mfu_ceiling_", None) or MFUCeiling()
 
+    def ceilings(self, configs: Sequence[RunConfig]) -> np.ndarray:
+        """MFU ceiling (fraction) of each config (:attr:`mfu_ceiling`)."""
+        return self.mfu_ceiling.ceiling(configs)
+
     @classmethod
     def analytic(cls) -> StepPredictor:
         """Roofline op times and alpha-beta collectives composed, no learning, no interval."""

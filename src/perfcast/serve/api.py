@@ -16,11 +16,12 @@ What a request may do is bounded by :class:`ServiceLimits`: a body over
 or a search of more than ``max_search_layouts`` layouts is a 422. A run row's ``model`` is
 a preset id, a config given inline as a JSON object, or a file inside one of the
 operator's ``model_dirs``: the service opens no other path a request names, and its
-errors never quote a file. A body that does not parse (a field of the wrong type or out
-of range, a coverage outside (0, 1), no rows) gets a 422 whose ``detail`` names each
-field and row, without echoing the input. A row that parses but is not a valid op or
-config is answered with its reason in ``error`` while the other rows are predicted.
-Input fields that are output names are dropped, with a note in ``warnings``.
+errors never quote a file. A body that does not parse (a field of the wrong type, a request
+field out of range, a coverage outside (0, 1), no rows) gets a 422 whose ``detail`` names
+each field and row, without echoing the input. A row that parses but is not a valid op or
+config (a row value out of its range included) is answered with its reason in ``error``
+while the other rows are predicted. Input fields that are output names are dropped, with a
+note in ``warnings``, and so is a count of the steps on their MFU ceiling (``at_mfu_ceiling``).
 
 Stored calibrations (``perfcast calibrate``) are read when the service starts and applied
 unless a request says ``"calibration": false``; each row names the one applied.
@@ -49,11 +50,13 @@ from perfcast.data.tables import ERROR_COLUMN
 from perfcast.errors import PerfcastError
 from perfcast.features.model_source import ModelSource
 from perfcast.features.run_config import DEFAULTED_COLUMN, RUN_BOOL_FIELDS, RUN_INPUT_FIELDS, RUN_INT_FIELDS
+from perfcast.models.physics_bounds import AT_CEILING_COLUMN
 from perfcast.models.predictor_protocol import OpPredictor, StepTimePredictor
 from perfcast.serve.batch import (
     DEFAULT_COVERAGE,
     OP_OUTPUT_NAMES,
     STEP_OUTPUT_NAMES,
+    ceiling_note,
     predict_ops_table,
     predict_steps_table,
 )
@@ -78,6 +81,11 @@ def _size(name: str, description: str | None = None) -> Any:
     lowest = 0 if name in FIELD_MIN_ZERO else 1
     allowed = f"allowed: {lowest}..{FIELD_MAX[name]}"
     return Field(None, description=f"{description}; {allowed}" if description else allowed)
+
+
+def _ranged(name: str) -> Any:
+    """An optional whole-number field of a request (not a row) within its table range: a 422 outside it."""
+    return Field(None, ge=0 if name in FIELD_MIN_ZERO else 1, le=FIELD_MAX[name])
 
 
 class OpRow(BaseModel):
@@ -181,8 +189,8 @@ class SearchRequest(BaseModel):
     gpus: list[str] = Field(..., min_length=1, max_length=16, description="GPU types to compare")
     num_gpus: int = Field(..., ge=1, le=FIELD_MAX["num_gpus"])
     global_batch: int = Field(..., ge=1, le=FIELD_MAX["global_batch"], description="Sequences per step")
-    seq_len: int | None = _size("seq_len")
-    gpus_per_node: int | None = _size("gpus_per_node")
+    seq_len: int | None = _ranged("seq_len")
+    gpus_per_node: int | None = _ranged("gpus_per_node")
     inter_node: str | None = Field(None, max_length=200)
     dtype: str = Field("bf16", max_length=32)
     finetune: str = Field("full", max_length=32, description="full (pre-training), sft or lora")
@@ -418,7 +426,8 @@ def create_app(*, model: str | None = None, limits: ServiceLimits | None = None)
         predictor = (calibrated if request.calibration else bare)["steps"]
         out = predict_steps_table(frame, predictor=predictor, coverage=request.coverage,
                                   breakdown=request.breakdown, model_source=model_source)  # fmt: skip
-        return _prediction_response(predictor, request.coverage, given, out, notes)
+        capped = ceiling_note(out[AT_CEILING_COLUMN])
+        return _prediction_response(predictor, request.coverage, given, out, [*notes, *([capped] if capped else [])])
 
     def search_work(raw: bytes) -> Response:
         from perfcast.data.schema import DType

@@ -209,20 +209,29 @@ def predict_steps_table(
             OutOfDomainWarning,
             stacklevel=2,
         )
-    n_capped = int(out[AT_CEILING_COLUMN].fillna(False).sum())
-    if n_capped:
-        warnings.warn(
-            f"{n_capped} of {len(configs)} configs are predicted faster than the MFU ceiling of their GPU generation "
-            f"and dtype and sit on it (see the {AT_CEILING_COLUMN} column): their step is that bound, not an estimate "
-            "that tells them apart",
-            AtMFUCeilingWarning,
-            stacklevel=2,
-        )
+    warn_at_ceiling(out[AT_CEILING_COLUMN], stacklevel=3)
     if breakdown and parts:
         extra = pd.concat(parts).reindex(range(len(out)))
         extra.index = out.index
         out = pd.concat([out.drop(columns=[ERROR_COLUMN]), extra, out[[ERROR_COLUMN]]], axis=1)
     return out
+
+
+def ceiling_note(flags: pd.Series) -> str | None:
+    """The count of answered rows whose ``at_mfu_ceiling`` flag is set, as a sentence; None where there is none."""
+    n_capped = int(flags.fillna(False).sum())
+    if not n_capped:
+        return None
+    return (f"{n_capped} of {int(flags.notna().sum())} configs are predicted faster than the MFU ceiling of their "
+            f"GPU generation and dtype and sit on it (see the {AT_CEILING_COLUMN} column): their step is that bound, "
+            "not an estimate that tells them apart")  # fmt: skip
+
+
+def warn_at_ceiling(flags: pd.Series, *, stacklevel: int = 2) -> None:
+    """Warn (:class:`AtMFUCeilingWarning`) with :func:`ceiling_note`, where it has one."""
+    note = ceiling_note(flags)
+    if note is not None:
+        warnings.warn(note, AtMFUCeilingWarning, stacklevel=stacklevel)
 
 
 def _write_defaulted(out: pd.DataFrame, positions: list[int], configs: list[RunConfig]) -> None:
@@ -251,8 +260,8 @@ def _predict_chunk(
     refused config stands alone, writing its reason into ``out``. Returns the answered
     (positions, rows) parts, in order (with the ``link_<group>`` columns when ``links``)."""
     try:
-        ceiling = getattr(predictor, "mfu_ceiling", None) or MFUCeiling()
-        frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk, ceiling)
+        ceilings = predictor.ceilings(chunk) if hasattr(predictor, "ceilings") else MFUCeiling().ceiling(chunk)
+        frame = _step_rows(predictor.predict_configs(chunk, coverage=coverage), chunk, ceilings)
         if links:
             frame[list(LEVEL_COLUMNS)] = _link_columns(chunk, frame.index)
         return [(pos, frame)]
@@ -266,16 +275,16 @@ def _predict_chunk(
     )
 
 
-def _step_rows(pred: pd.DataFrame, configs: list[RunConfig], ceiling: MFUCeiling) -> pd.DataFrame:
-    """Add memory, MFU, whether it sits on the predictor's ``ceiling`` and tokens/s to a predictor's rows for
-    ``configs``."""
+def _step_rows(pred: pd.DataFrame, configs: list[RunConfig], ceilings: np.ndarray) -> pd.DataFrame:
+    """Add memory, MFU, whether it sits on the predictor's MFU ``ceilings`` (one per config) and tokens/s to a
+    predictor's rows for ``configs``."""
     memory = peak_memory_table(configs)
     step_ms = pred["step_ms"].to_numpy(dtype=float)
     frame = pred.reset_index(drop=True).copy()
     frame["peak_mem_gib"] = memory["peak_mem_gib"].to_numpy()
     frame["fits_memory"] = memory["fits_memory"].tolist()
     frame["mfu"] = measured_mfu(configs, step_ms)
-    frame[AT_CEILING_COLUMN] = at_ceiling(frame["mfu"], ceiling.ceiling(configs))
+    frame[AT_CEILING_COLUMN] = at_ceiling(frame["mfu"], ceilings)
     frame["tokens_per_s"] = tokens_per_second(configs, step_ms)
     for name in MEMORY_PART_COLUMNS:
         frame[name] = memory[name].to_numpy()

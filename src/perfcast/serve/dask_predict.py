@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import io
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,6 +24,8 @@ import pandas as pd
 
 from perfcast._optional import require
 from perfcast.errors import SpecError
+from perfcast.models.physics_bounds import AT_CEILING_COLUMN
+from perfcast.serve.batch import warn_at_ceiling
 from perfcast.serve.calibration_store import calibration_dir
 
 KINDS = ("steps", "ops")
@@ -119,8 +122,13 @@ def predict_table_dask(
     text = not name.endswith(".parquet")
     folder = str(calibration_dir()) if calibration else None  # the client's folder, read by every worker
     args = (kind, ref, coverage, calibration, text, folder)
-    meta = predict_partition(frame.head(2, npartitions=-1), *args).iloc[:0]
+    with warnings.catch_warnings():  # the columns of two rows; the warnings come from the whole table below
+        warnings.simplefilter("ignore")
+        meta = predict_partition(frame.head(2, npartitions=-1), *args).iloc[:0]
     with dask_client(address) as client:
         parts = frame.map_partitions(predict_partition, *args, meta=meta)
         result = client.compute(parts).result()
-    return result.reset_index(drop=True)
+    result = result.reset_index(drop=True)
+    if kind == "steps":  # the workers' own warnings stay on the workers
+        warn_at_ceiling(result[AT_CEILING_COLUMN].astype("boolean"), stacklevel=3)
+    return result

@@ -53,16 +53,16 @@ def _prices(price_per_gpu_hour: float | Sequence[float] | None, n_gpus: int) -> 
     """One checked price per entry of the search's ``gpus`` (None: no price)."""
     if price_per_gpu_hour is None:
         return None
-    given = [price_per_gpu_hour] if isinstance(price_per_gpu_hour, int | float) else list(price_per_gpu_hour)
+    given = [price_per_gpu_hour] if np.ndim(price_per_gpu_hour) == 0 else list(np.ravel(price_per_gpu_hour))
     for value in given:
-        if not 0 < value < math.inf:
+        if isinstance(value, bool | np.bool_) or not 0 < value < math.inf:
             raise SpecError(f"price_per_gpu_hour={value} must be a positive finite number (USD per GPU-hour)")
     if len(given) not in (1, n_gpus):
         raise SpecError(
             f"price_per_gpu_hour has {len(given)} prices for {n_gpus} GPU types; allowed: one for all, "
             "or one per GPU type in their order"
         )
-    return given * n_gpus if len(given) == 1 else given
+    return [float(v) for v in given] * (n_gpus if len(given) == 1 else 1)
 
 
 def search_layouts(
@@ -147,7 +147,11 @@ def search_layouts(
             continue
         clusters.setdefault(cluster.gpu.id, cluster)
         if prices is not None:
-            price_of.setdefault(cluster.gpu.id, prices[i])
+            if price_of.setdefault(cluster.gpu.id, prices[i]) != prices[i]:
+                raise SpecError(
+                    f"gpus name {cluster.gpu.id} twice with prices {price_of[cluster.gpu.id]:g} and {prices[i]:g}; "
+                    "allowed: one price per GPU type"
+                )
     if not clusters:
         raise SpecError("; ".join(skipped.values()))
     try:

@@ -1,13 +1,13 @@
 """``perfcast calibrate steps``: fit per-cluster step corrections from the user's measured runs.
 
-The input is a run table whose rows carry ``measured_step_ms`` (one to five runs per
-cluster are enough; see :mod:`perfcast.models.step_calibration`). Each cluster's runs are
-predicted without calibration, screened (a row with a measured value that is not a
-positive finite time, implies an MFU above 100% of the GPUs' peak, lies more than 20x off the
-prediction, is an outlier among its cluster's runs, or is not a valid config is left out and
-named with its reason), a
-correction (a shift and, from the predictor's breakdown of each run, a time factor for
-attention, the rest of the compute and exposed communication) is fitted per cluster for the
+The input is a run table whose rows carry ``measured_step_ms`` (one run per cluster is
+enough, three or more also fit per-part factors; see :mod:`perfcast.models.step_calibration`).
+Each cluster's runs are predicted without calibration and screened: a row whose measured
+value is not a positive finite time, implies an MFU above 110% of the GPUs' peak, lies more
+than 20x off the prediction, is an outlier among its cluster's runs, or is not a valid
+config is left out and named with its reason. A correction (a shift and, from the
+predictor's breakdown of each run, a time factor for attention, the rest of the compute and
+exposed communication, plus the best MFU the runs measured) is fitted per cluster for the
 step predictor used and stored in the ``steps``
 folder of the calibration folder (:mod:`perfcast.serve.calibration_store`), where
 ``perfcast predict steps`` with the same predictor picks it up for every later config on
@@ -31,9 +31,6 @@ from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_cal
 from perfcast.serve.cli._guard import user_errors
 
 MEASURED_COLUMN = "measured_step_ms"
-MAX_MEASURED_MFU = 1.0
-"""A measured step whose model FLOPs exceed this share of the GPUs' dense peak is refused: no run
-computes faster than its hardware's peak (it is a wrong unit or timing scope)."""
 _err = Console(stderr=True, soft_wrap=True)
 
 
@@ -62,7 +59,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
     from perfcast.features.run_config import parse_run_row
     from perfcast.models.calibration import predictor_identity
     from perfcast.models.correction_store import summarize_reasons
-    from perfcast.models.physics_bounds import measured_mfu
+    from perfcast.models.physics_bounds import MAX_MEASURED_MFU, measured_mfu
     from perfcast.models.step_calibration import config_cluster_key, fit_step_correction
     from perfcast.serve.batch import predict_steps_table
 
@@ -87,17 +84,19 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
     if not usable.any():
         raise SpecError(f"no row is both a valid config and measured: {summarize_reasons(refused)}")
     configs = {pos: parse_run_row(runs.iloc[pos].to_dict()) for pos in np.flatnonzero(usable)}
-    if configs:  # a measured step faster than the GPUs' peak compute is not a step of this config
-        mfu = measured_mfu(list(configs.values()), measured[list(configs)])
-        for pos, value in zip(list(configs), mfu, strict=True):
-            if measured[pos] > 0 and value > MAX_MEASURED_MFU:  # other values: screened with their own reason
-                refused.append(
-                    f"{labels[pos]}: {MEASURED_COLUMN}={measured[pos]:g} implies MFU {value:.3g}, above "
-                    f"{MAX_MEASURED_MFU:.0%} of the GPUs' dense peak: check the unit (ms) and that it times one "
-                    "whole training step"
-                )
-                usable[pos] = False
-                del configs[pos]
+    mfu = np.full(len(runs), np.nan)
+    timed = [pos for pos in configs if measured[pos] > 0]  # other values: screened with their own reason
+    if timed:
+        mfu[timed] = measured_mfu([configs[pos] for pos in timed], measured[timed])
+    for pos in timed:  # a measured step faster than the GPUs' peak compute is not a step of this config
+        if mfu[pos] > MAX_MEASURED_MFU:
+            refused.append(
+                f"{labels[pos]}: {MEASURED_COLUMN}={measured[pos]:g} implies MFU {mfu[pos]:.3g}, above "
+                f"{MAX_MEASURED_MFU:.0%} of the GPUs' dense peak: check the unit (ms) and that it times one "
+                "whole training step"
+            )
+            usable[pos] = False
+            del configs[pos]
     if not usable.any():
         raise SpecError(f"no measured row is a plausible step of a valid config: {summarize_reasons(refused)}")
     keys = np.full(len(runs), "", dtype=object)
@@ -118,6 +117,7 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
                 predictor=identity,
                 labels=[labels[pos] for pos in rows],
                 breakdown=predicted.iloc[rows],
+                mfu=mfu[rows],
             )
         )
     return StepFit(corrections, predicted, refused)
