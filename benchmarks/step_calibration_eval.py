@@ -23,7 +23,9 @@ per source (its GPUs and cluster sizes under one correction, as a user calibrati
 software stack would) and per (source, GPU) cluster, as ``calibrate steps`` keys a correction,
 for clusters with at least 8 runs. Reported per source (clusters: mean over its clusters)
 and k: mean over seeds of MAPE and of coverage; where the screening refuses every shot
-(measured/predicted beyond the calibration's bound) the prediction stays uncalibrated.
+(measured/predicted beyond the calibration's bound) the prediction stays uncalibrated. A corrected
+run is raised to its model FLOPs at the predictor's MFU ceiling, or at the best MFU of the k runs
+where that is higher, as ``perfcast calibrate steps`` applies a correction.
 
 The floor of any calibration that rescales the composed step's parts: per source and per
 (source, GPU) cluster of at least 8 runs, the non-negative factor per breakdown part (every
@@ -55,6 +57,7 @@ from perfcast.errors import SpecError
 from perfcast.models.bundle import load_bundle
 from perfcast.models.component_factors import COMPONENT_PARTS
 from perfcast.models.composer import StepComposer
+from perfcast.models.physics_bounds import MFUCeiling, apply_floor, model_flops, peak_flops
 from perfcast.models.step_calibration import fit_step_correction
 from perfcast.training.defaults import DEFAULT_CORRECTION_SCALE
 from perfcast.training.metrics import interval_coverage, mape
@@ -87,9 +90,17 @@ def few_shot(
     k: int,
     seeds: int,
     breakdown: pd.DataFrame | None = None,
+    *,
+    at_peak: np.ndarray,
+    ceiling: np.ndarray,
 ) -> dict:
     """Mean over seeds of MAPE and coverage on the runs not used to calibrate (with
-    ``breakdown``, the prediction rows' breakdown columns: component factors fitted too)."""
+    ``breakdown``, the prediction rows' breakdown columns: component factors fitted too).
+
+    As ``perfcast calibrate steps`` stores them, a correction keeps its shots' best MFU and a
+    corrected run is raised to its model FLOPs at the higher of the predictor's MFU ``ceiling``
+    and that MFU (``at_peak``: each run's model FLOPs at the dense peak, ms).
+    """
     if k >= len(true):
         return {"mape": float("nan"), "coverage": float("nan")}
     errors, covered = [], []
@@ -97,19 +108,29 @@ def few_shot(
         rng = np.random.default_rng(seed)
         shots = rng.choice(len(true), size=k, replace=False) if k else np.array([], dtype=int)
         rest = np.setdiff1d(np.arange(len(true)), shots)
-        factor = np.ones(len(rest))
+        p, lo_, hi_ = pred[rest], lo[rest], hi[rest]
         try:
             if k:
                 shot_rows = None if breakdown is None else breakdown.iloc[shots]
-                correction = fit_step_correction("c", true[shots], pred[shots], breakdown=shot_rows)
+                correction = fit_step_correction("c", true[shots], pred[shots], breakdown=shot_rows,
+                                                 mfu=at_peak[shots] / true[shots])  # fmt: skip
                 factor = correction.row_factors(breakdown.iloc[rest]) if breakdown is not None else (
                     np.full(len(rest), correction.factor)
                 )  # fmt: skip
+                reach = np.fmax(ceiling[rest], np.nan if correction.best_mfu is None else correction.best_mfu)
+                p, lo_, hi_, _ = apply_floor(p * factor, lo_ * factor, hi_ * factor, at_peak[rest] / reach)
         except SpecError:  # every shot screened out: the user keeps the uncalibrated prediction
             pass
-        errors.append(mape(pred[rest] * factor, true[rest]))
-        covered.append(interval_coverage(lo[rest] * factor, hi[rest] * factor, true[rest]))
+        errors.append(mape(p, true[rest]))
+        covered.append(interval_coverage(lo_, hi_, true[rest]))
     return {"mape": float(np.mean(errors)), "coverage": float(np.mean(covered))}
+
+
+def _ceilings(model: object, configs: list) -> dict[str, np.ndarray]:
+    """Per predictor (``composed``, ``gbdt``), each config's MFU ceiling: 100% of the dense peak for the
+    composed step, the fitted step model's (as its predictions are bounded) for the GBDT."""
+    fitted = getattr(model, "mfu_ceiling_", None) or MFUCeiling()
+    return {"composed": MFUCeiling().ceiling(configs), "gbdt": fitted.ceiling(configs)}
 
 
 def main() -> None:
@@ -122,6 +143,7 @@ def main() -> None:
     bundle = load_bundle(DEFAULT_BUNDLE)
     table = build_step_table(load_runs(args.data), StepComposer(bundle, bundle.collective_model))
     runs = table.runs
+    at_peak = model_flops(table.configs, runs["timing_scope"].tolist()) / peak_flops(table.configs) * 1e3
     cluster = runs["source"] + ":" + runs["gpu"].astype(str) + "x" + runs["num_gpus"].astype(str)
     rows = []
     for split, fn in SPLITS.items():
@@ -130,16 +152,19 @@ def main() -> None:
         learned = predict_rows(model, table, test)
         composed = tuple(runs[c].to_numpy()[test] for c in ("step_ms", "step_lo_ms", "step_hi_ms"))
         true = runs["measured_step_ms"].to_numpy()[test]
+        peak, configs = at_peak[test], [c for c, t in zip(table.configs, test, strict=True) if t]
+        ceilings = _ceilings(model, configs)
         for name in sorted(set(cluster[test])):
             members = (cluster[test] == name).to_numpy()
             for predictor, (pred, lo, hi) in (("composed", composed), ("gbdt", learned)):
                 for k in KS:
-                    score = few_shot(pred[members], lo[members], hi[members], true[members], k, args.seeds)
+                    score = few_shot(pred[members], lo[members], hi[members], true[members], k, args.seeds,
+                                     at_peak=peak[members], ceiling=ceilings[predictor][members])  # fmt: skip
                     rows.append({"split": split, "cluster": name, "n_runs": int(members.sum()),
                                  "predictor": predictor, "k": k, **score})  # fmt: skip
     frame = pd.DataFrame(rows)
     summary = frame.groupby(["split", "predictor", "k"])[["mape", "coverage"]].median().reset_index()
-    loso, held_out = loso_rows(table, args.seeds)
+    loso, held_out = loso_rows(table, args.seeds, at_peak)
     floor = factor_floor(table, held_out)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "step_calibration_eval.json").write_text(
@@ -155,11 +180,12 @@ MIN_CLUSTER_RUNS = 8
 """Smallest (source, GPU) cluster scored under per-cluster pooling."""
 
 
-def loso_rows(table: StepTable, seeds: int) -> tuple[list[dict], np.ndarray]:
+def loso_rows(table: StepTable, seeds: int, at_peak: np.ndarray) -> tuple[list[dict], np.ndarray]:
     """Per held-out source, predictor, correction, pooling and k: few-shot MAPE and coverage
     on the source's other runs (per cluster: averaged over the source's clusters); and the
     held-out model's breakdown of every run, ``(runs, parts)`` in ms (:data:`BREAKDOWN_PARTS`
-    present in the runs), summing to its prediction."""
+    present in the runs), summing to its prediction. ``at_peak``: each run's model FLOPs at
+    the dense peak, ms (:func:`few_shot`)."""
     runs = table.runs
     composed_all = tuple(runs[c].to_numpy() for c in ("step_ms", "step_lo_ms", "step_hi_ms"))
     true_all = runs["measured_step_ms"].to_numpy()
@@ -177,17 +203,20 @@ def loso_rows(table: StepTable, seeds: int) -> tuple[list[dict], np.ndarray]:
         learned_parts = model.scale_breakdown(composed_parts, table.features[test])
         shares = learned_parts[present].fillna(0.0).to_numpy(dtype=float)
         held_out[test] = shares / shares.sum(axis=1, keepdims=True) * learned[0][:, None]
+        configs = [c for c, t in zip(table.configs, test, strict=True) if t]
+        ceilings = _ceilings(model, configs)
         pools = {"source": [np.ones(int(test.sum()), dtype=bool)]}
         pools["cluster"] = [m for g in sorted(set(gpu[test])) if (m := gpu[test] == g).sum() >= MIN_CLUSTER_RUNS]
-        for predictor, (pred, lo, hi), breakdown in (
-            ("composed", composed, composed_parts),
-            (f"gbdt(scale={LOSO_SCALE:g})+bound", learned, learned_parts),
+        for predictor, (pred, lo, hi), breakdown, ceiling in (
+            ("composed", composed, composed_parts, ceilings["composed"]),
+            (f"gbdt(scale={LOSO_SCALE:g})+bound", learned, learned_parts, ceilings["gbdt"]),
         ):
             for correction, parts in (("shift", None), ("factors", breakdown)):
                 for pooling, members in pools.items():
                     for k in LOSO_KS if members else ():
                         scores = [few_shot(pred[m], lo[m], hi[m], true_all[test][m], k, seeds,
-                                           None if parts is None else parts.loc[m].reset_index(drop=True))
+                                           None if parts is None else parts.loc[m].reset_index(drop=True),
+                                           at_peak=at_peak[test][m], ceiling=ceiling[m])
                                   for m in members]  # fmt: skip
                         rows.append({"source": source, "n_runs": int(test.sum()), "predictor": predictor,
                                      "correction": correction, "pooling": pooling, "clusters": len(members), "k": k,
