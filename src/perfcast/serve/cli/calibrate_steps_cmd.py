@@ -16,6 +16,7 @@ that cluster.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -23,9 +24,9 @@ import numpy as np
 import pandas as pd
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
-from perfcast.errors import SpecError
+from perfcast.errors import AtMFUCeilingWarning, SpecError
 from perfcast.models.predictor_protocol import StepTimePredictor
 from perfcast.serve.calibration_store import FOLDER_HELP, STEPS_FOLDER, step_calibration_dir
 from perfcast.serve.cli._guard import user_errors
@@ -76,7 +77,9 @@ def fit_step_corrections(runs: pd.DataFrame, predictor: StepTimePredictor) -> St
         for pos in np.flatnonzero(given & np.isnan(measured))
     ]
     numeric = given & ~np.isnan(measured)
-    predicted = predict_steps_table(runs, predictor=predictor, breakdown=True)
+    with warnings.catch_warnings():  # the uncalibrated steps on their ceiling are what the runs correct
+        warnings.simplefilter("ignore", AtMFUCeilingWarning)
+        predicted = predict_steps_table(runs, predictor=predictor, breakdown=True)
     errors = predicted["error"].to_numpy(dtype=object)
     valid = errors == ""
     refused += [f"{labels[pos]}: not a valid config: {errors[pos]}" for pos in np.flatnonzero(numeric & ~valid)]
@@ -155,8 +158,9 @@ def calibrate_steps_command(
         folder = store or step_calibration_dir()
         paths = [save_step_correction(corr, folder) for corr in fit.corrections]
     table = Table(
-        "cluster", "runs used", "left out", *CALIBRATED_COMPONENTS, title=f"step calibration, stored in {folder}"
-    )
+        Column("cluster", overflow="fold"), "runs used", "left out", *CALIBRATED_COMPONENTS,
+        title=f"step calibration, stored in {folder}",
+    )  # fmt: skip
     for corr in fit.corrections:
         factors = [f"x{corr.factors.get(c, corr.factor):.3f}" for c in CALIBRATED_COMPONENTS]
         table.add_row(corr.cluster, str(corr.n_runs), str(len(corr.excluded)), *factors)
