@@ -534,3 +534,11 @@ def test_steps_on_their_mfu_ceiling_are_flagged_and_warned_about():
     assert out["mfu"].iloc[0] == pytest.approx(0.2)  # raised to the ceiling, and said so
     plain = predict_steps_table(runs.iloc[:2], predictor=_Capped().base)  # 100% of peak: nothing reaches it
     assert not plain["at_mfu_ceiling"].any()
+
+
+def test_an_op_input_spelt_in_another_case_is_its_rows_error():
+    gemm = {"op": "matmul", "m": 1024, "n": 1024, "k": 1024, "gpu": "h100-sxm5-80gb"}
+    ops = pd.DataFrame([{**gemm, "Batch": 8}, {**gemm, "batch": 8, "Batch": 8}, {**gemm, "batch": 8, "Batch": 4}, gemm])
+    errors = predict_ops_table(ops, predictor=analytic.AnalyticOpPredictor())[ERROR_COLUMN].tolist()
+    assert "'Batch' as 'batch'" in errors[0] and errors[1] == "" and errors[3] == ""
+    assert "column 'Batch'=4 conflicts with batch=8" in errors[2]

@@ -25,7 +25,7 @@ import socket
 import threading
 import uuid
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from perfcast.errors import DatasetError
+from perfcast.errors import DatasetError, SpecError
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +187,61 @@ def cell_holds_value(value: object) -> bool:
         return bool(value.strip())
     missing = pd.isna(value)  # None, NaN of any float type, pd.NA, NaT; False for a mapping (an inline config)
     return True if hasattr(missing, "__len__") else not bool(missing)  # a list-like cell holds a value
+
+
+def misspelt_columns(
+    columns: Iterable[Any], inputs: Iterable[str], aliases: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Columns that are not among a table's ``inputs`` but name one another way -> that input.
+
+    A column is misspelt when it equals an input in another case (``TP``, ``Batch``) or is one
+    of ``aliases`` (lowercase name -> input; e.g. Megatron-LM's ``global_batch_size``). Other
+    columns pass through unread.
+    """
+    names = list(inputs)
+    lowered = {name.lower(): name for name in names}
+    out = {}
+    for column in columns:
+        if not isinstance(column, str) or column in names:
+            continue
+        key = column.strip().lower()
+        target = lowered.get(key) or (aliases or {}).get(key)
+        if target is not None:
+            out[column] = target
+    return out
+
+
+def unread_values_error(
+    row: Mapping[str, Any], misspelt: Mapping[str, str], table: str, same: Callable[[str, Any, Any], bool]
+) -> SpecError | None:
+    """The error of a row that states a value under a :func:`misspelt_columns` column, which would go unread;
+    None where each such value is empty or repeats (``same(input, value, stated)``) what the input's own
+    column states. ``table`` names the table kind in the message (``run``, ``op``)."""
+    ignored: dict[str, str] = {}
+    conflicts = []
+    for column, field in misspelt.items():
+        value = row.get(column)
+        if not cell_holds_value(value):
+            continue
+        if field in row and cell_holds_value(row[field]):
+            if not same(field, value, row[field]):
+                conflicts.append(f"column {column!r}={_shown(value)} conflicts with {field}={_shown(row[field])}")
+        else:
+            ignored[column] = field
+    if conflicts:
+        return SpecError(f"{'; '.join(conflicts)}: give each value once, under the input's own name")
+    if not ignored:
+        return None
+    names = ", ".join(map(repr, ignored))
+    verb = f"is not a {table}-table input" if len(ignored) == 1 else f"are not {table}-table inputs"
+    spelt = ", ".join(f"{column!r} as {field!r}" for column, field in ignored.items())
+    return SpecError(f"column{'s' * (len(ignored) > 1)} {names} {verb} and would be ignored; write {spelt} "
+                     "(input names are lowercase)")  # fmt: skip
+
+
+def _shown(value: Any) -> Any:
+    """A cell as a message quotes it: a whole float (a NaN-widened integer column's) as an int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def table_format(path: Path) -> str:

@@ -28,7 +28,14 @@ from perfcast.data.schema import (
     check_whole_number,
     parse_flag,
 )
-from perfcast.data.tables import PIPELINE_SPLIT_COLUMNS, RUN_COLUMNS, SOFTWARE_COLUMNS, cell_holds_value
+from perfcast.data.tables import (
+    PIPELINE_SPLIT_COLUMNS,
+    RUN_COLUMNS,
+    SOFTWARE_COLUMNS,
+    cell_holds_value,
+    misspelt_columns,
+    unread_values_error,
+)
 from perfcast.errors import PerfcastError, SpecError, UnknownEntryError
 from perfcast.features.cluster import ClusterSpec
 from perfcast.features.frameworks import Framework, framework_fields
@@ -196,47 +203,15 @@ INPUT_ALIASES = {
 
 
 def misspelt_inputs(columns: Iterable[str]) -> dict[str, str]:
-    """Columns that are not run-table inputs but name one another way -> that input.
-
-    A column is misspelt when it equals an input in another case (``TP``) or is an
-    :data:`INPUT_ALIASES` name (``global_batch_size``). Other columns pass through unread.
-    """
-    inputs = {name.lower(): name for name in RUN_INPUT_FIELDS}
-    out = {}
-    for column in columns:
-        if not isinstance(column, str) or column in RUN_INPUT_FIELDS:
-            continue
-        key = column.strip().lower()
-        target = inputs.get(key) or INPUT_ALIASES.get(key)
-        if target is not None:
-            out[column] = target
-    return out
+    """Columns that are not run-table inputs but name one another way (another case, or an
+    :data:`INPUT_ALIASES` name) -> that input (:func:`~perfcast.data.tables.misspelt_columns`)."""
+    return misspelt_columns(columns, RUN_INPUT_FIELDS, INPUT_ALIASES)
 
 
 def _unread_values(row: Mapping[str, Any], misspelt: Mapping[str, str]) -> SpecError | None:
-    """The error of a row that states a value under a :func:`misspelt_inputs` column, which would go unread;
-    None where each such value is empty or repeats the value the input's own column states."""
-    ignored: dict[str, str] = {}
-    conflicts = []
-    for column, field in misspelt.items():
-        value = row.get(column)
-        if not cell_holds_value(value):
-            continue
-        if field in row and cell_holds_value(row[field]):
-            said, stated = _cell(field, value), _cell(field, row[field])
-            if said != stated:
-                conflicts.append(f"column {column!r}={said} conflicts with {field}={stated}")
-        else:
-            ignored[column] = field
-    if conflicts:
-        return SpecError(f"{'; '.join(conflicts)}: give each value once, under the input's own name")
-    if not ignored:
-        return None
-    names = ", ".join(map(repr, ignored))
-    verb = "is not a run-table input" if len(ignored) == 1 else "are not run-table inputs"
-    spelt = ", ".join(f"{column!r} as {field!r}" for column, field in ignored.items())
-    return SpecError(f"column{'s' * (len(ignored) > 1)} {names} {verb} and would be ignored; write {spelt} "
-                     "(input names are lowercase, docs/run_table.md)")  # fmt: skip
+    """:func:`~perfcast.data.tables.unread_values_error` of a run row: a value is the same when it
+    converts (:func:`_cell`) to the same cell."""
+    return unread_values_error(row, misspelt, "run", lambda field, a, b: _cell(field, a) == _cell(field, b))
 
 
 _ABSENT = object()

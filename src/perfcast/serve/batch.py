@@ -11,6 +11,7 @@ import logging
 import math
 import warnings
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -29,9 +30,12 @@ from perfcast.data.schema import (
 from perfcast.data.tables import (
     DEFAULT_COVERAGE,
     ERROR_COLUMN,
+    OP_COLUMNS,
     OP_OUTPUT_COLUMNS,
     RUN_OUTPUT_COLUMNS,
     cell_holds_value,
+    misspelt_columns,
+    unread_values_error,
 )
 from perfcast.errors import AtMFUCeilingWarning, OutOfDomainWarning, PerfcastError, SpecError
 from perfcast.features.cluster import collective_cluster
@@ -307,14 +311,29 @@ def _link_columns(configs: list[RunConfig], index: pd.Index) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(LEVEL_COLUMNS), index=index, dtype=object)
 
 
+OP_INPUT_NAMES = (*OP_COLUMNS, "backward", OP_TIMING_COLUMN, "inter_node", "nvlink_bridged")
+"""Every op-table input the predictors read; a column naming one in another case (``Batch``) is an error."""
+
+
+def _same_cell(field: str, a: Any, b: Any) -> bool:
+    """Whether two op-table cells state the same value (as numbers where both are, else as text)."""
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return str(a).strip().lower() == str(b).strip().lower()
+
+
 def check_op_row(row: pd.Series) -> None:
-    """Check one op-table row: a known op and dtype, whole-number sizes within their ranges,
-    boolean flags, a known timing method when one is given, and a catalog GPU with the peak
-    the op needs.
+    """Check one op-table row: no input spelt another way (:data:`OP_INPUT_NAMES`), a known op and
+    dtype, whole-number sizes within their ranges, boolean flags, a known timing method when one is
+    given, and a catalog GPU with the peak the op needs.
 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
+    unread = unread_values_error(row, misspelt_columns(row.index, OP_INPUT_NAMES), "op", _same_cell)
+    if unread is not None:
+        raise unread
     op = parse_op(row.get("op"))
     dtype = DType.parse(row.get("dtype", "bf16") if cell_holds_value(row.get("dtype")) else "bf16")
     required, optional, flags = op_row_fields(op)
