@@ -242,6 +242,8 @@ def test_an_input_spelt_another_way_is_an_error_not_ignored(column: str, field: 
     base = {k: v for k, v in LLAMA_ON_8.items() if k not in (field, "num_gpus")}  # the input left to its default
     with pytest.raises(SpecError, match=f"'{column}' as '{field}'"):
         parse_run_row({**base, column: 2})
+    with pytest.raises(SpecError, match=f"'{column}' as '{field}'"):  # a row given as a Series: its labels
+        parse_run_row(pd.Series({**base, column: 2}))
     table = pd.DataFrame([{**base, column: 2}, {**base, column: None}, {**base, "notes": "x"}])
     first, empty, other = parse_run_table(table)
     assert isinstance(first, SpecError) and f"'{column}' as '{field}'" in str(first)

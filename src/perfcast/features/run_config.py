@@ -158,7 +158,7 @@ def parse_run_row(row: Mapping[str, Any], *, model_source: ModelSource | None = 
     Raises:
         SpecError: naming the field, the value and what is allowed.
     """
-    unread = _unread_values(row, misspelt_inputs(row))
+    unread = _unread_values(row, misspelt_inputs(list(row.keys())))
     if unread is not None:
         raise unread
     cells = {n: _cell(n, row[n]) for n in RUN_INPUT_FIELDS if n in row and cell_holds_value(row[n])}
