@@ -364,3 +364,16 @@ def test_automodel_flop_counts_match_the_presets() -> None:
     assert ratios["deepseek-v3"] == pytest.approx(0.96, abs=0.01)  # 0.997 without the MTP module: see docs/readers.md
     for model in ("gpt-oss-20b", "gpt-oss-120b"):  # windowed layers: AutoModel's count is not stated
         assert 0.9 < ratios[model] < 1.0, model
+
+
+def test_torchtitan_fp8_rows_read_their_scaling_recipe(tmp_path: Path) -> None:
+    shape = ",llama3.1-8b,32,4096,32,8,14336,128256,8192,,,8,1,8,1,,,2,16,,3,none,,,{dt},H100 80GB,64,8,100.0,,,,"
+    rows = [
+        _TITAN + shape.format(dt="fp8") + "vanilla TP; quantization float8 rowwise; torch.compile",
+        _TITAN + shape.format(dt="fp8") + '"torch.compile + Float8 (tensorwise, fp8 FSDP all-gather)"',
+        _TITAN + shape.format(dt="fp8") + "torch.compile + Float8",  # no recipe stated: the dtype's default
+        _TITAN + shape.format(dt="bf16") + "quantization float8 rowwise",  # not an fp8 run: no recipe
+        _NEMO + shape.format(dt="fp8") + "float8 rowwise",  # not torchtitan: as given
+    ]
+    recipes = read_published_steps(_write(tmp_path, rows)).records["fp8_recipe"].tolist()
+    assert recipes[:2] == ["rowwise", "tensorwise"] and all(pd.isna(r) for r in recipes[2:])

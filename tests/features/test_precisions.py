@@ -54,8 +54,9 @@ def test_fp8_recipe_defaults_and_checks():
     assert ParallelConfig(global_batch=8, dtype="mxfp8").scaling_recipe is Fp8Recipe.MXFP8
     assert ParallelConfig(global_batch=8).scaling_recipe is None
     assert ParallelConfig(global_batch=8, dtype="fp8", fp8_recipe=" Tensorwise ").fp8_recipe is Fp8Recipe.TENSORWISE
+    assert ParallelConfig(global_batch=8, dtype="fp8", fp8_recipe="rowwise").fp8_recipe is Fp8Recipe.ROWWISE  # torchao
     for fields, message in (
-        ({"dtype": "fp8", "fp8_recipe": "rowwise"}, "fp8_recipe='rowwise' is not a known recipe; allowed: tensorwise"),
+        ({"dtype": "fp8", "fp8_recipe": "perchannel"}, "fp8_recipe='perchannel' is not a known recipe; allowed: tens"),
         ({"dtype": "bf16", "fp8_recipe": "delayed"}, "fp8_recipe=delayed needs dtype fp8 or mxfp8"),
         ({"dtype": "mxfp8", "fp8_recipe": "tensorwise"}, "contradicts dtype=mxfp8"),
         ({"dtype": "fp8", "fp8_recipe": "mxfp8"}, "write dtype=mxfp8"),

@@ -134,13 +134,15 @@ class Fp8Recipe(str, Enum):
     ``--fp8-recipe`` values).
 
     ``tensorwise``: one scale per tensor from its current amax; ``delayed``: one scale
-    per tensor from an amax history (Transformer Engine's default); ``blockwise``: one
-    scale per 1x128 / 128x128 block; ``mxfp8``: MXFP8 (one E8M0 scale per 32 elements,
-    Blackwell tensor cores), the same as ``dtype=mxfp8``.
+    per tensor from an amax history (Transformer Engine's default); ``rowwise``: one scale
+    per row of each operand (torchao's float8 ``rowwise`` recipe, torchtitan's
+    ``float8.recipe_name``); ``blockwise``: one scale per 1x128 / 128x128 block; ``mxfp8``:
+    MXFP8 (one E8M0 scale per 32 elements, Blackwell tensor cores), the same as ``dtype=mxfp8``.
     """
 
     TENSORWISE = "tensorwise"
     DELAYED = "delayed"
+    ROWWISE = "rowwise"
     BLOCKWISE = "blockwise"
     MXFP8 = "mxfp8"
 

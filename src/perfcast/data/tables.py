@@ -130,7 +130,7 @@ RUN_OPTIONAL_COLUMNS: tuple[str, ...] = (
 replicas of hybrid-sharded ZeRO state ``dp_replicate`` (default 1: fully sharded), a
 model preset/config instead of the shape, the GPUs of one NVLink domain (72 on NVL72 racks;
 default from the catalog), fabric, the scaling recipe of fp8 runs: tensorwise | delayed |
-blockwise | mxfp8, the attention length of sequences packed from several documents, the
+rowwise | blockwise | mxfp8, the attention length of sequences packed from several documents, the
 uneven-pipeline switches)."""
 
 RUN_MEASURED_COLUMN = "measured_step_ms"

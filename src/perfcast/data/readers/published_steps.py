@@ -45,7 +45,8 @@ Mapping, one record per source row:
   :data:`TORCHTITAN_OP_SAC`; named in ``defaulted_fields`` where the notes do not say the
   op-level policy); ``torch_compile`` as the row's ``notes`` state it
   (:data:`TORCHTITAN_COMPILE_NOTES`), else empty (the framework's default, as is
-  ``sequence_parallel``, which torchtitan's tensor parallelism always runs).
+  ``sequence_parallel``, which torchtitan's tensor parallelism always runs); ``fp8_recipe`` of fp8
+  rows as the notes name it (:data:`TORCHTITAN_FP8_RECIPES`).
 * ``timing_scope = "step"``: one optimizer step over ``global_batch`` sequences.
 * ``measured_step_ms``: as given (ms). Where it is empty but ``measured_tokens_per_s_per_gpu``
   is given it is derived as ``global_batch * seq_len / (tokens_per_s_per_gpu * num_gpus) *
@@ -82,7 +83,7 @@ import numpy as np
 import pandas as pd
 
 from perfcast.data.records import ReadResult, RejectionReasons, name_defaulted
-from perfcast.data.schema import RUN_INT_COLUMNS, RUN_RECORD_REQUIRED, TimingScope
+from perfcast.data.schema import RUN_INT_COLUMNS, RUN_RECORD_REQUIRED, Fp8Recipe, TimingScope
 from perfcast.data.tables import RUN_COLUMNS, RUN_MEASURED_COLUMN, read_table
 from perfcast.errors import DatasetError
 
@@ -193,6 +194,15 @@ torchtitan's runs gain less from it than the composed step, which hides each ove
 collective whole, and reading it made the held-out torchtitan source worse (``docs/readers.md``;
 ``benchmarks/results/step_transfer_eval.async-tp.md``)."""
 
+TORCHTITAN_FP8_RECIPES: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"float8 \(?tensorwise", re.IGNORECASE), Fp8Recipe.TENSORWISE.value),
+    (re.compile(r"float8 \(?rowwise", re.IGNORECASE), Fp8Recipe.ROWWISE.value),
+)
+"""(pattern, ``fp8_recipe``) pairs read from a torchtitan fp8 row's ``notes`` ("quantization float8
+rowwise", "Float8 (tensorwise, ...)"); rows that say neither leave the recipe to the dtype's default.
+The composed step times every recipe alike (docs/precisions.md): on the same layouts the file's
+rowwise runs measure 1.35-1.51x its tensorwise ones."""
+
 SHAPE_FIELDS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 """Shape columns a row must give for a non-preset ``model`` name to move to ``model_name``."""
 
@@ -216,7 +226,7 @@ _OUTPUT_EXTRA = (
     "num_experts", "top_k", "model", "model_name", "framework", "timing_scope", RUN_MEASURED_COLUMN, "step_ms_basis",
     "measured_tokens_per_s_per_gpu", "measured_tflops_per_gpu", "measured_mfu", "source", "source_text",
     "source_commit", "source_path", "source_row", "device_name", "notes", "document_tokens", "torch_compile",
-    "defaulted_fields",
+    "fp8_recipe", "defaulted_fields",
 )  # fmt: skip
 
 
@@ -231,7 +241,7 @@ def read_published_steps(path: str | Path) -> ReadResult:
         ``num_experts, top_k, model, model_name, framework, timing_scope, measured_step_ms, step_ms_basis,
         measured_tokens_per_s_per_gpu, measured_tflops_per_gpu, measured_mfu, source,
         source_text, source_commit, source_path, source_row, device_name, notes, document_tokens,
-        torch_compile, defaulted_fields`` (see the module docstring). Empty cells stay NaN.
+        torch_compile, fp8_recipe, defaulted_fields`` (see the module docstring). Empty cells stay NaN.
         ``rejected``: source rows with an unreadable number or no source, as read, with
         ``source_row`` and a ``reason`` naming the field and value.
 
@@ -367,6 +377,11 @@ def _torchtitan_fills(out: pd.DataFrame, notes: pd.Series, framework: pd.Series)
     for pattern, value in reversed(TORCHTITAN_COMPILE_NOTES):  # the first pattern wins
         compiled[titan & text.str.contains(pattern).to_numpy(dtype=bool)] = value
     out["torch_compile"] = compiled
+    recipe = pd.Series(pd.NA, index=out.index, dtype=object)
+    for pattern, value in TORCHTITAN_FP8_RECIPES:
+        recipe[titan & out["dtype"].eq("fp8").fillna(False).to_numpy(dtype=bool)
+               & text.str.contains(pattern).to_numpy(dtype=bool)] = value  # fmt: skip
+    out["fp8_recipe"] = recipe
     return selective & ~text.str.contains(TORCHTITAN_OP_SAC).to_numpy(dtype=bool)
 
 
