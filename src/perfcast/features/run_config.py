@@ -173,7 +173,8 @@ def parse_run_table(runs: pd.DataFrame, *, model_source: ModelSource | None = No
     """
     columns = {n: _column_cells(n, runs[n]) for n in RUN_INPUT_FIELDS if n in runs.columns}
     misspelt = misspelt_inputs(runs.columns)
-    spelt = runs[[*{*misspelt, *(f for f in misspelt.values() if f in runs.columns)}]].to_dict("records")
+    named = [*{*misspelt, *(f for f in misspelt.values() if f in runs.columns)}]
+    spelt = runs[named].to_dict("records") if misspelt else []  # the cells those checks read
     parser = _RowParser(model_source)
     out: list[RunConfig | PerfcastError] = []
     names = list(columns)

@@ -68,6 +68,7 @@ __all__ = [
     "apply_floor",
     "at_ceiling",
     "dtype_class",
+    "floor_at",
     "gpu_generation",
     "measured_mfu",
     "model_flops",
@@ -135,6 +136,12 @@ def measured_mfu(configs: Sequence[RunConfig], step_ms: Any, timing_scopes: Sequ
     return model_flops(configs, timing_scopes) / (seconds * peak_flops(configs))
 
 
+def floor_at(configs: Sequence[RunConfig], mfu: Any, timing_scopes: Sequence[str] | None = None) -> np.ndarray:
+    """Time of each config at the MFU ``mfu`` (fraction, one per config), ms: its model FLOPs over that
+    share of its cluster's dense peak."""
+    return model_flops(configs, timing_scopes) / (np.asarray(mfu, dtype=float) * peak_flops(configs)) * 1e3
+
+
 def tokens_per_second(configs: Sequence[RunConfig], step_ms: Any) -> np.ndarray:
     """Training tokens per second of each config at the step time ``step_ms`` (ms), whole cluster."""
     tokens = np.array([c.tokens_per_step for c in configs], dtype=float)
@@ -200,7 +207,7 @@ class MFUCeiling:
 
     def floor_ms(self, configs: Sequence[RunConfig], timing_scopes: Sequence[str] | None = None) -> np.ndarray:
         """Shortest plausible time of each config, ms: its model FLOPs at the ceiling MFU."""
-        return model_flops(configs, timing_scopes) / (self.ceiling(configs) * peak_flops(configs)) * 1e3
+        return floor_at(configs, self.ceiling(configs), timing_scopes)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able state (stored in a step model's bundle metadata)."""

@@ -66,7 +66,7 @@ from perfcast.models.correction_store import (
     screen_measurements,
     summarize_reasons,
 )
-from perfcast.models.physics_bounds import MAX_MEASURED_MFU, MFUCeiling, apply_floor
+from perfcast.models.physics_bounds import MAX_MEASURED_MFU, MFUCeiling, apply_floor, floor_at
 from perfcast.models.predictor_protocol import StepTimePredictor
 
 __all__ = [
@@ -344,9 +344,8 @@ class CalibratedStepPredictor:
         frame[timed] = frame[timed] * scale
         # a correction that speeds a step up stops at the base's MFU ceiling, as the base does
         before = frame["step_ms"].to_numpy(dtype=float)
-        ceiling = self.mfu_ceiling
         corrected = np.array([c is not None for c in applied])  # the base answers for its own rows
-        floor = np.where(corrected, ceiling.floor_ms(configs) * ceiling.ceiling(configs) / self.ceilings(configs), 0.0)
+        floor = np.where(corrected, floor_at(configs, self.ceilings(configs)), 0.0)
         frame["step_ms"], frame["step_lo_ms"], frame["step_hi_ms"], _ = apply_floor(
             before, frame["step_lo_ms"], frame["step_hi_ms"], floor
         )

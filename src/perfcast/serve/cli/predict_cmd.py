@@ -131,7 +131,7 @@ STEP_COLUMNS: list[Column] = [
     ("interval", _interval("step_lo_ms", "step_hi_ms", _duration)),
     ("mem GiB", _field("peak_mem_gib")),
     ("fits", _field("fits_memory")),
-    ("MFU", lambda row: _mfu(row)),
+    ("MFU", _mfu),
     ("tokens/s", _field("tokens_per_s")),
     ("extrapolates", _flag("out_of_domain")),
     ("error", _short_error),
